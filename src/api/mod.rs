@@ -1,0 +1,39 @@
+//! The HTTP API: one router per resource, merged, behind the shared layers.
+
+mod error;
+mod extract;
+mod files;
+mod list;
+mod middleware;
+mod upload;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::middleware::{from_fn, from_fn_with_state};
+
+pub use error::{ApiError, ErrorType};
+pub use middleware::REQUEST_ID_HEADER;
+
+use crate::auth::Projects;
+use crate::files::FileCatalog;
+
+/// What every handler may reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub projects: Arc<Projects>,
+    pub files: FileCatalog,
+}
+
+/// The whole API. Layers run outside in: request id and logging, CORS, then routing;
+/// authentication wraps only the matched routes, so unknown URLs answer 404 as such.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(files::router())
+        .route_layer(from_fn_with_state(state.clone(), middleware::authenticate))
+        .fallback(middleware::not_found)
+        .method_not_allowed_fallback(middleware::method_not_allowed)
+        .with_state(state)
+        .layer(from_fn(middleware::cors))
+        .layer(from_fn(middleware::request_id))
+}

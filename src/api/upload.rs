@@ -1,0 +1,167 @@
+//! `POST /v1/files`: a multipart upload streamed into storage.
+//!
+//! The file part is written chunk by chunk as it arrives, never held whole; the
+//! 100 MB limit is counted while streaming. Nothing becomes visible unless every
+//! check passes: an aborted upload leaves no bytes and no record.
+
+use axum::Json;
+use axum::extract::multipart::{Field, MultipartError, MultipartRejection};
+use axum::extract::{Multipart, State};
+use axum::http::{HeaderMap, StatusCode, header};
+
+use super::AppState;
+use super::error::{ApiError, ErrorType};
+use super::extract::CurrentProject;
+use crate::files::{FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload};
+
+/// The request may carry a little more than the file: boundaries and other fields.
+pub const MAX_UPLOAD_REQUEST_BYTES: usize = MAX_UPLOAD_BYTES as usize + 1024 * 1024;
+
+const MAX_FILENAME_CHARS: usize = 255;
+const MAX_TEXT_FIELD_BYTES: usize = 64 * 1024;
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorType::InvalidRequestError,
+        Some("file_too_large"),
+        format!("File exceeds the maximum upload size of {MAX_UPLOAD_BYTES} bytes (100 MB)"),
+    )
+    .with_param("file")
+}
+
+fn multipart_error(error: MultipartError) -> ApiError {
+    if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large();
+    }
+    ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", error.body_text()))
+}
+
+fn invalid_purpose(got: Option<&str>) -> ApiError {
+    let message = match got {
+        None => "purpose is required and must be \"batch\"".to_owned(),
+        Some(other) => format!("Invalid purpose {other:?}: the only purpose accepted for uploads is \"batch\""),
+    };
+    ApiError::bad_request("invalid_purpose", message).with_param("purpose")
+}
+
+pub async fn create_file(
+    State(state): State<AppState>,
+    CurrentProject(project): CurrentProject,
+    headers: HeaderMap,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<FileObject>, ApiError> {
+    let is_multipart = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+    if !is_multipart {
+        return Err(ApiError::bad_request(
+            "invalid_content_type",
+            "Uploads must be sent as multipart/form-data with a `file` part and a `purpose` field",
+        ));
+    }
+    let declared_length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_UPLOAD_REQUEST_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut multipart = multipart.map_err(|rejection| {
+        ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", rejection.body_text()))
+    })?;
+
+    let mut purpose: Option<String> = None;
+    let mut upload: Option<(Upload, Option<String>)> = None;
+    let outcome = read_parts(&state, &project.id, &mut multipart, &mut purpose, &mut upload).await;
+    let checked = outcome.and_then(|()| {
+        match purpose.as_deref() {
+            Some("batch") => {}
+            other => return Err(invalid_purpose(other)),
+        }
+        match &upload {
+            None => Err(ApiError::bad_request("missing_file", "No file part in the multipart body; send the file as `file`")
+                .with_param("file")),
+            Some((file, _)) if file.bytes() == 0 => {
+                Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
+            }
+            Some(_) => Ok(()),
+        }
+    });
+    if let Err(error) = checked {
+        if let Some((file, _)) = upload {
+            file.abort().await;
+        }
+        drain(&mut multipart).await;
+        return Err(error);
+    }
+    let (file, filename) = upload.expect("checked above");
+    let record = file.commit(NewFile { filename, purpose: Purpose::Batch, is_error: false }).await?;
+    tracing::info!(file = %record.id, bytes = record.bytes, "file uploaded");
+    Ok(Json(FileObject::from(&record)))
+}
+
+/// Reads every part: `purpose` as text, `file` streamed into storage, others skipped.
+async fn read_parts(
+    state: &AppState,
+    project: &crate::ids::ProjectId,
+    multipart: &mut Multipart,
+    purpose: &mut Option<String>,
+    upload: &mut Option<(Upload, Option<String>)>,
+) -> Result<(), ApiError> {
+    while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+        match field.name() {
+            Some("purpose") => {
+                let value = read_text(&mut field).await?;
+                // Refuse early when the purpose comes first: no need to store the file.
+                if value != "batch" {
+                    return Err(invalid_purpose(Some(&value)));
+                }
+                *purpose = Some(value);
+            }
+            Some("file") => {
+                if upload.is_some() {
+                    return Err(ApiError::bad_request("invalid_multipart", "The multipart body has more than one file part")
+                        .with_param("file"));
+                }
+                let filename = field.file_name().map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
+                let mut file = state.files.start_upload(project).await?;
+                let streamed = stream_into(&mut field, &mut file).await;
+                *upload = Some((file, filename));
+                streamed?;
+            }
+            _ => while field.chunk().await.map_err(multipart_error)?.is_some() {},
+        }
+    }
+    Ok(())
+}
+
+async fn stream_into(field: &mut Field<'_>, file: &mut Upload) -> Result<(), ApiError> {
+    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+        if file.bytes() + chunk.len() as u64 > MAX_UPLOAD_BYTES {
+            return Err(too_large());
+        }
+        file.write(chunk).await?;
+    }
+    Ok(())
+}
+
+async fn read_text(field: &mut Field<'_>) -> Result<String, ApiError> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+        if text.len() + chunk.len() > MAX_TEXT_FIELD_BYTES {
+            return Err(ApiError::bad_request("invalid_multipart", "A text field of the multipart body is too long"));
+        }
+        text.extend_from_slice(&chunk);
+    }
+    String::from_utf8(text).map_err(|_| ApiError::bad_request("invalid_multipart", "A text field is not valid UTF-8"))
+}
+
+/// Reads and discards what is left of the body (bounded by the route's body limit),
+/// so that a client still sending gets to read our error instead of a reset.
+async fn drain(multipart: &mut Multipart) {
+    while let Ok(Some(mut field)) = multipart.next_field().await {
+        while let Ok(Some(_)) = field.chunk().await {}
+    }
+}

@@ -1,0 +1,176 @@
+//! Projects and their API keys: who is calling, decided from two headers.
+//!
+//! Keys are held only as SHA-256 digests and compared in constant time, so neither
+//! memory dumps nor response timing reveal a key.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::ProjectConfig;
+use crate::ids::ProjectId;
+
+pub const API_KEY_HEADER: &str = "x-api-key";
+pub const PROJECT_HEADER: &str = "x-project-id";
+
+#[derive(Clone, Debug)]
+pub struct Project {
+    pub id: ProjectId,
+    pub name: Option<String>,
+    /// Token quota; `None` is unlimited.
+    pub quota_tokens: Option<u64>,
+    keys: Vec<StoredKey>,
+}
+
+#[derive(Clone, Debug)]
+struct StoredKey {
+    digest: [u8; 32],
+    active: bool,
+}
+
+pub fn sha256(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("Missing x-api-key or x-project-id header")]
+    MissingHeaders,
+    #[error("Invalid API key or project")]
+    InvalidCredentials,
+}
+
+/// Every project that may call the API.
+#[derive(Clone, Debug, Default)]
+pub struct Projects {
+    by_id: HashMap<ProjectId, Project>,
+}
+
+impl Projects {
+    pub fn from_config(projects: &[ProjectConfig]) -> Self {
+        let by_id = projects
+            .iter()
+            .map(|project| {
+                let keys = project
+                    .api_keys
+                    .iter()
+                    .map(|key| StoredKey {
+                        digest: match (&key.plain, &key.sha256) {
+                            (Some(plain), _) => sha256(plain),
+                            (None, Some(hex_digest)) => {
+                                let mut digest = [0u8; 32];
+                                // Config::check guarantees 64 hex digits.
+                                hex::decode_to_slice(hex_digest, &mut digest).unwrap_or_default();
+                                digest
+                            }
+                            (None, None) => [0u8; 32],
+                        },
+                        active: key.active,
+                    })
+                    .collect();
+                let entry = Project {
+                    id: project.id.clone(),
+                    name: project.name.clone(),
+                    quota_tokens: project.quota.map(|q| q.tokens),
+                    keys,
+                };
+                (project.id.clone(), entry)
+            })
+            .collect();
+        Self { by_id }
+    }
+
+    pub fn get(&self, id: &ProjectId) -> Option<&Project> {
+        self.by_id.get(id)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Decides who sent `x-project-id` and `x-api-key`. A missing (or empty) header is
+    /// 401; anything else that does not match an active key of that project is 403.
+    pub fn authenticate(&self, project_header: Option<&str>, key_header: Option<&str>) -> Result<&Project, AuthError> {
+        let (Some(project), Some(key)) = (
+            project_header.filter(|v| !v.trim().is_empty()),
+            key_header.filter(|v| !v.is_empty()),
+        ) else {
+            return Err(AuthError::MissingHeaders);
+        };
+        let presented = sha256(key);
+        let project = ProjectId::parse(project)
+            .and_then(|id| self.by_id.get(&id))
+            .ok_or(AuthError::InvalidCredentials)?;
+        // Look at every key, so timing does not tell how many were tried.
+        let mut matched = subtle::Choice::from(0);
+        for stored in &project.keys {
+            matched |= stored.digest.ct_eq(&presented) & subtle::Choice::from(u8::from(stored.active));
+        }
+        if bool::from(matched) { Ok(project) } else { Err(AuthError::InvalidCredentials) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ApiKeyConfig;
+
+    const PROJECT: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
+    const OTHER: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
+
+    fn projects() -> Projects {
+        let key = |plain: Option<&str>, sha: Option<String>, active| ApiKeyConfig {
+            plain: plain.map(str::to_owned),
+            sha256: sha,
+            active,
+        };
+        Projects::from_config(&[
+            ProjectConfig {
+                id: ProjectId::parse(PROJECT).unwrap(),
+                name: None,
+                api_keys: vec![
+                    key(Some("plain-key"), None, true),
+                    key(None, Some(hex::encode(sha256("hashed-key"))), true),
+                    key(Some("retired-key"), None, false),
+                ],
+                quota: None,
+            },
+            ProjectConfig {
+                id: ProjectId::parse(OTHER).unwrap(),
+                name: None,
+                api_keys: vec![key(Some("other-key"), None, true)],
+                quota: None,
+            },
+        ])
+    }
+
+    #[test]
+    fn plain_and_hashed_keys_authenticate_their_project() {
+        let projects = projects();
+        assert_eq!(projects.authenticate(Some(PROJECT), Some("plain-key")).unwrap().id.as_str(), PROJECT);
+        assert!(projects.authenticate(Some(&PROJECT.to_uppercase()), Some("hashed-key")).is_ok());
+    }
+
+    #[test]
+    fn missing_headers_are_401_and_wrong_ones_403() {
+        let projects = projects();
+        assert_eq!(projects.authenticate(None, Some("plain-key")).unwrap_err(), AuthError::MissingHeaders);
+        assert_eq!(projects.authenticate(Some(PROJECT), None).unwrap_err(), AuthError::MissingHeaders);
+        assert_eq!(projects.authenticate(Some(PROJECT), Some("")).unwrap_err(), AuthError::MissingHeaders);
+        for (project, key) in [
+            (PROJECT, "wrong"),
+            (PROJECT, "retired-key"),
+            (PROJECT, "other-key"),
+            (OTHER, "plain-key"),
+            ("not-a-uuid", "plain-key"),
+            ("6a0c1e8e-0000-4000-8000-000000000000", "plain-key"),
+        ] {
+            assert_eq!(
+                projects.authenticate(Some(project), Some(key)).unwrap_err(),
+                AuthError::InvalidCredentials,
+                "{project} {key}"
+            );
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The configuration file read by every role, with its defaults.
+//!
+//! The YAML shape is documented key by key in the README. Command-line flags and
+//! environment variables override it (see `cli.rs`). Everything is parsed into types
+//! here, so nothing deeper re-validates strings.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::duration;
+use crate::ids::ProjectId;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default)]
+    pub storage: StorageConfig,
+    #[serde(default)]
+    pub projects: Vec<ProjectConfig>,
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+    #[serde(default)]
+    pub batches: BatchesConfig,
+    #[serde(default)]
+    pub files: FilesConfig,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            storage: StorageConfig::default(),
+            projects: Vec::new(),
+            upstreams: Vec::new(),
+            batches: BatchesConfig::default(),
+            files: FilesConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Local directory storage (the embedded default).
+    pub dir: Option<PathBuf>,
+    /// S3-compatible object storage; wins over `dir` when both are given.
+    pub s3: Option<S3Config>,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self { dir: Some(PathBuf::from("./nightshift-data")), s3: None }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    pub bucket: String,
+    pub endpoint: Option<String>,
+    #[serde(default = "default_region")]
+    pub region: String,
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default)]
+    pub path_style: bool,
+    /// Environment variables holding the credentials.
+    #[serde(default = "default_access_key_env")]
+    pub access_key_id_env: String,
+    #[serde(default = "default_secret_key_env")]
+    pub secret_access_key_env: String,
+}
+
+fn default_region() -> String {
+    "us-east-1".to_owned()
+}
+fn default_access_key_env() -> String {
+    "AWS_ACCESS_KEY_ID".to_owned()
+}
+fn default_secret_key_env() -> String {
+    "AWS_SECRET_ACCESS_KEY".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectConfig {
+    pub id: ProjectId,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub api_keys: Vec<ApiKeyConfig>,
+    #[serde(default)]
+    pub quota: Option<QuotaConfig>,
+}
+
+/// `{plain: dev-key}` or `{sha256: <hex>}`, optionally `active: false`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    pub plain: Option<String>,
+    pub sha256: Option<String>,
+    #[serde(default = "yes")]
+    pub active: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    pub tokens: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "all_models")]
+    pub models: Vec<String>,
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
+}
+
+fn all_models() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+fn default_max_concurrency() -> usize {
+    64
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchesConfig {
+    /// How long a batch may run before it expires. The API always reports "24h".
+    #[serde(default = "default_window", deserialize_with = "duration::deserialize")]
+    pub completion_window: Duration,
+    #[serde(default = "default_shard_lines")]
+    pub shard_lines: u32,
+}
+
+fn default_window() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+fn default_shard_lines() -> u32 {
+    5000
+}
+
+impl Default for BatchesConfig {
+    fn default() -> Self {
+        Self { completion_window: default_window(), shard_lines: default_shard_lines() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesConfig {
+    /// How long an upload is kept (OpenAI and the spec: 30 days).
+    #[serde(default = "default_retention", deserialize_with = "duration::deserialize")]
+    pub retention: Duration,
+    /// How often expired and deleted files are swept from storage.
+    #[serde(default = "default_gc_interval", deserialize_with = "duration::deserialize")]
+    pub gc_interval: Duration,
+}
+
+fn default_retention() -> Duration {
+    Duration::from_secs(30 * 86_400)
+}
+fn default_gc_interval() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self { retention: default_retention(), gc_interval: default_gc_interval() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a valid configuration: {source}")]
+    Parse { path: PathBuf, source: serde_yaml::Error },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_yaml(&text).map_err(|error| match error {
+            ConfigError::Parse { source, .. } => ConfigError::Parse { path: path.to_owned(), source },
+            other => other,
+        })
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        // An empty file is an empty mapping: every default.
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: PathBuf::new(), source })?
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.storage.dir.is_none() && self.storage.s3.is_none() {
+            return invalid("storage needs either `dir` or `s3`".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for project in &self.projects {
+            if !seen.insert(&project.id) {
+                return invalid(format!("project {} is configured twice", project.id));
+            }
+            if project.api_keys.is_empty() {
+                return invalid(format!("project {} has no api_keys", project.id));
+            }
+            for key in &project.api_keys {
+                match (&key.plain, &key.sha256) {
+                    (Some(plain), None) if !plain.is_empty() => {}
+                    (None, Some(hash)) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+                    (None, Some(_)) => {
+                        return invalid(format!("project {}: sha256 keys are 64 hex digits", project.id));
+                    }
+                    _ => {
+                        return invalid(format!(
+                            "project {}: each api key is exactly one of {{plain: ...}} or {{sha256: ...}}",
+                            project.id
+                        ));
+                    }
+                }
+            }
+        }
+        if self.batches.shard_lines == 0 {
+            return invalid("batches.shard_lines must be at least 1".into());
+        }
+        if self.batches.completion_window.is_zero() {
+            return invalid("batches.completion_window must be longer than 0s".into());
+        }
+        for upstream in &self.upstreams {
+            if upstream.max_concurrency == 0 {
+                return invalid(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_design_example_parses() {
+        let config = Config::from_yaml(
+            r#"
+listen: 127.0.0.1:8080
+storage:
+  dir: ./nightshift-data
+projects:
+  - id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11
+    name: demo
+    api_keys: [{plain: dev-key}]
+    quota: {tokens: 1000000}
+upstreams:
+  - name: local
+    base_url: http://127.0.0.1:8000/v1
+    api_key_env: UPSTREAM_API_KEY
+    models: ["*"]
+    max_concurrency: 64
+batches:
+  completion_window: 24h
+  shard_lines: 5000
+"#,
+        )
+        .unwrap();
+        assert_eq!(config.projects[0].quota.unwrap().tokens, 1_000_000);
+        assert_eq!(config.batches.completion_window, Duration::from_secs(86_400));
+        assert_eq!(config.upstreams[0].max_concurrency, 64);
+    }
+
+    #[test]
+    fn an_empty_file_is_all_defaults() {
+        let config = Config::from_yaml("").unwrap();
+        assert_eq!(config.listen, default_listen());
+        assert_eq!(config.files.retention, Duration::from_secs(30 * 86_400));
+    }
+
+    #[test]
+    fn mistakes_are_reported_not_ignored() {
+        assert!(Config::from_yaml("listn: 1.2.3.4:5").is_err(), "unknown keys are rejected");
+        let two_kinds = "projects: [{id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11, api_keys: [{plain: a, sha256: b}]}]";
+        assert!(Config::from_yaml(two_kinds).is_err());
+        let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";
+        assert!(Config::from_yaml(bad_id).is_err());
+        assert!(Config::from_yaml("batches: {completion_window: soon}").is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! The file catalog: records and bytes of every project's files in object storage.
+//!
+//! Layout: `file-meta/<project>/<file id>.json` holds the [`FileRecord`];
+//! `file-data/<project>/<file id>` holds the bytes. The bytes are written first and
+//! the record last, so a record always points at complete bytes; listing and lookup
+//! go through records only. Ids are time-sortable, so key order is creation order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+
+use super::record::{FileRecord, Purpose};
+use crate::clock::{self, UnixSeconds};
+use crate::ids::{FileId, ProjectId};
+use crate::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+
+/// How many records a listing reads from storage at once.
+const LIST_READ_AHEAD: usize = 16;
+
+#[derive(Clone)]
+pub struct FileCatalog {
+    store: Arc<dyn ObjectStore>,
+    retention: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Asc,
+    Desc,
+}
+
+#[derive(Clone, Debug)]
+pub struct FileListQuery {
+    pub purpose: Option<String>,
+    pub order: Order,
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+#[derive(Debug)]
+pub struct FilePage {
+    pub records: Vec<FileRecord>,
+    pub has_more: bool,
+}
+
+/// How a finished upload is to be recorded.
+#[derive(Clone, Debug)]
+pub struct NewFile {
+    pub filename: Option<String>,
+    pub purpose: Purpose,
+    pub is_error: bool,
+}
+
+fn meta_key(project: &ProjectId, id: &FileId) -> Key {
+    Key::from_segments(&["file-meta", project.as_str(), &format!("{id}.json")])
+}
+
+fn data_key(project: &ProjectId, id: &FileId) -> Key {
+    Key::from_segments(&["file-data", project.as_str(), id.as_str()])
+}
+
+fn decode(bytes: &[u8]) -> Result<FileRecord, StorageError> {
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Backend(format!("unreadable file record: {e}")))
+}
+
+impl FileCatalog {
+    pub fn new(store: Arc<dyn ObjectStore>, retention: Duration) -> Self {
+        Self { store, retention }
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Opens a new file's bytes for writing. Nothing is visible until [`Upload::commit`].
+    pub async fn start_upload(&self, project: &ProjectId) -> Result<Upload, StorageError> {
+        let id = FileId::generate();
+        let writer = self.store.writer(&data_key(project, &id)).await?;
+        Ok(Upload { catalog: self.clone(), project: project.clone(), id, writer, bytes: 0 })
+    }
+
+    async fn read_record(&self, project: &ProjectId, id: &FileId) -> Result<Option<FileRecord>, StorageError> {
+        match self.store.get(&meta_key(project, id)).await {
+            Ok(bytes) => decode(&bytes).map(Some),
+            Err(StorageError::NotFound(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The project's live file with this id, in either spelling of the prefix.
+    pub async fn find(&self, project: &ProjectId, raw_id: &str) -> Result<Option<FileRecord>, StorageError> {
+        let Some(id) = FileId::parse(raw_id) else { return Ok(None) };
+        let now = clock::now();
+        for candidate in [id.clone(), id.other_spelling()] {
+            if let Some(record) = self.read_record(project, &candidate).await? {
+                return Ok(record.is_live(now).then_some(record));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The file's bytes; `NotFound` when the record exists but the bytes are gone.
+    pub async fn open(&self, record: &FileRecord) -> Result<ByteStream, StorageError> {
+        self.store.read(&data_key(&record.project_id, &record.id), None).await
+    }
+
+    /// A byte range of the file's bytes.
+    pub async fn open_range(&self, record: &FileRecord, range: std::ops::Range<u64>) -> Result<ByteStream, StorageError> {
+        self.store.read(&data_key(&record.project_id, &record.id), Some(range)).await
+    }
+
+    /// Whether the bytes behind a record are still in storage.
+    pub async fn has_bytes(&self, record: &FileRecord) -> Result<bool, StorageError> {
+        Ok(self.store.size(&data_key(&record.project_id, &record.id)).await?.is_some())
+    }
+
+    pub async fn list(&self, project: &ProjectId, query: &FileListQuery) -> Result<FilePage, StorageError> {
+        let prefix = format!("file-meta/{project}/");
+        let mut ids: Vec<FileId> = self
+            .store
+            .list(&prefix)
+            .await?
+            .iter()
+            .filter_map(|key| key.name().strip_suffix(".json").and_then(FileId::parse))
+            .collect();
+        if query.order == Order::Desc {
+            ids.reverse();
+        }
+        // The cursor need not exist any more: page from where it would sort.
+        if let Some(after) = &query.after {
+            ids.retain(|id| match query.order {
+                Order::Asc => id.as_str() > after.as_str(),
+                Order::Desc => id.as_str() < after.as_str(),
+            });
+        }
+        let now = clock::now();
+        let mut records = futures_util::stream::iter(ids)
+            .map(|id| async move { self.read_record(project, &id).await })
+            .buffered(LIST_READ_AHEAD)
+            .try_filter_map(|record| async move { Ok(record) })
+            .try_filter(|record| {
+                let wanted = record.is_live(now)
+                    && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str());
+                async move { wanted }
+            })
+            .take(query.limit + 1)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let has_more = records.len() > query.limit;
+        records.truncate(query.limit);
+        Ok(FilePage { records, has_more })
+    }
+
+    /// Marks the file deleted; its bytes go at the next garbage collection.
+    /// Returns `None` when there is no such live file.
+    pub async fn delete(&self, project: &ProjectId, raw_id: &str) -> Result<Option<FileRecord>, StorageError> {
+        let Some(mut record) = self.find(project, raw_id).await? else { return Ok(None) };
+        record.deleted_at = Some(clock::now());
+        self.write_record(&record).await?;
+        Ok(Some(record))
+    }
+
+    async fn write_record(&self, record: &FileRecord) -> Result<(), StorageError> {
+        let json = serde_json::to_vec(record).expect("file records serialize");
+        self.store.put(&meta_key(&record.project_id, &record.id), Bytes::from(json)).await
+    }
+
+    /// Removes the bytes and records of every deleted or expired file, and returns
+    /// how many files went.
+    pub async fn collect_garbage(&self, now: UnixSeconds) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        for key in self.store.list("file-meta/").await? {
+            let record = match self.store.get(&key).await {
+                Ok(bytes) => decode(&bytes)?,
+                Err(StorageError::NotFound(_)) => continue,
+                Err(error) => return Err(error),
+            };
+            if record.is_live(now) {
+                continue;
+            }
+            // Bytes first: a crash in between leaves a dead record, swept next time.
+            self.store.delete(&data_key(&record.project_id, &record.id)).await?;
+            self.store.delete(&key).await?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}
+
+/// A file being written. Dropping it without [`Upload::commit`] leaves nothing behind.
+pub struct Upload {
+    catalog: FileCatalog,
+    project: ProjectId,
+    id: FileId,
+    writer: Box<dyn ObjectWriter>,
+    bytes: u64,
+}
+
+impl Upload {
+    pub fn id(&self) -> &FileId {
+        &self.id
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub async fn write(&mut self, chunk: Bytes) -> Result<(), StorageError> {
+        self.bytes += chunk.len() as u64;
+        self.writer.write(chunk).await
+    }
+
+    pub async fn abort(self) {
+        self.writer.abort().await;
+    }
+
+    /// Publishes the bytes, then the record that makes the file visible.
+    pub async fn commit(self, file: NewFile) -> Result<FileRecord, StorageError> {
+        let bytes = self.writer.finish().await?;
+        let created_at = clock::now();
+        let record = FileRecord {
+            filename: file.filename.filter(|name| !name.is_empty()).unwrap_or_else(|| format!("{}.jsonl", self.id)),
+            id: self.id,
+            project_id: self.project,
+            bytes,
+            created_at,
+            purpose: file.purpose,
+            expires_at: Some(created_at + self.catalog.retention.as_secs() as i64),
+            is_error: file.is_error,
+            deleted_at: None,
+        };
+        if let Err(error) = self.catalog.write_record(&record).await {
+            let _ = self.catalog.store.delete(&data_key(&record.project_id, &record.id)).await;
+            return Err(error);
+        }
+        Ok(record)
+    }
+}

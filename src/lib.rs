@@ -1,0 +1,22 @@
+//! Nightshift: a self-hosted, OpenAI-compatible Batch and Files API for LLM serving.
+//!
+//! One binary, several roles (`nightshift <role>`); everything lives in this library
+//! so that every role and every test reaches the same code. See the README's
+//! architecture section for how the modules fit together.
+
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+
+pub mod api;
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod dev;
+pub mod duration;
+pub mod files;
+pub mod ids;
+pub mod serve;
+pub mod storage;
+pub mod telemetry;
+pub mod validate;

@@ -1,0 +1,176 @@
+//! Objects as files under a directory, laid out exactly as their keys.
+//!
+//! Writes land in `<root>/.tmp/` and are renamed into place once synced, so readers
+//! see either no object or the whole one, also across a crash.
+
+use std::io::SeekFrom;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::fs;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
+use tokio_util::io::ReaderStream;
+
+use super::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+
+const TMP_DIR: &str = ".tmp";
+const READ_CHUNK: usize = 64 * 1024;
+
+pub struct DirStore {
+    root: PathBuf,
+}
+
+impl DirStore {
+    pub async fn open(root: impl Into<PathBuf>) -> Result<Self, StorageError> {
+        let root = root.into();
+        fs::create_dir_all(root.join(TMP_DIR)).await?;
+        Ok(Self { root })
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        self.root.join(key.as_str())
+    }
+}
+
+fn not_found_as_none<T>(result: std::io::Result<T>) -> std::io::Result<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for DirStore {
+    async fn writer(&self, key: &Key) -> Result<Box<dyn ObjectWriter>, StorageError> {
+        let temp = self.root.join(TMP_DIR).join(ulid::Ulid::new().to_string());
+        let file = fs::File::create(&temp).await?;
+        Ok(Box::new(DirWriter {
+            file: Some(BufWriter::with_capacity(256 * 1024, file)),
+            temp,
+            target: self.path(key),
+            written: 0,
+        }))
+    }
+
+    async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
+        let path = self.path(key);
+        let mut file = not_found_as_none(fs::File::open(&path).await)?
+            .ok_or_else(|| StorageError::NotFound(key.to_string()))?;
+        let stream = match range {
+            None => ReaderStream::with_capacity(file, READ_CHUNK).map_err(StorageError::from).boxed(),
+            Some(range) => {
+                file.seek(SeekFrom::Start(range.start)).await?;
+                let limited = tokio::io::AsyncReadExt::take(file, range.end.saturating_sub(range.start));
+                ReaderStream::with_capacity(limited, READ_CHUNK).map_err(StorageError::from).boxed()
+            }
+        };
+        Ok(stream)
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
+        let metadata = not_found_as_none(fs::metadata(self.path(key)).await)?;
+        Ok(metadata.filter(|m| m.is_file()).map(|m| m.len()))
+    }
+
+    async fn delete(&self, key: &Key) -> Result<(), StorageError> {
+        not_found_as_none(fs::remove_file(self.path(key)).await)?;
+        Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
+        // Walk only the deepest directory the prefix names in full.
+        let start = match prefix.rfind('/') {
+            Some(slash) => &prefix[..slash],
+            None => "",
+        };
+        let mut keys = Vec::new();
+        let mut pending = vec![(self.root.join(start), start.to_owned())];
+        while let Some((dir, relative)) = pending.pop() {
+            let Some(mut entries) = not_found_as_none(fs::read_dir(&dir).await)? else {
+                continue;
+            };
+            while let Some(entry) = entries.next_entry().await? {
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with('.') {
+                    continue;
+                }
+                let key = if relative.is_empty() { name.to_owned() } else { format!("{relative}/{name}") };
+                if entry.file_type().await?.is_dir() {
+                    if prefix.starts_with(&key) || key.starts_with(prefix) {
+                        pending.push((entry.path(), key));
+                    }
+                } else if key.starts_with(prefix)
+                    && let Some(key) = Key::parse(&key)
+                {
+                    keys.push(key);
+                }
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+struct DirWriter {
+    file: Option<BufWriter<fs::File>>,
+    temp: PathBuf,
+    target: PathBuf,
+    written: u64,
+}
+
+impl DirWriter {
+    fn file(&mut self) -> &mut BufWriter<fs::File> {
+        self.file.as_mut().expect("writer used after finish")
+    }
+}
+
+async fn publish(temp: &Path, target: &Path) -> std::io::Result<()> {
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).await?;
+    }
+    fs::rename(temp, target).await
+}
+
+#[async_trait]
+impl ObjectWriter for DirWriter {
+    async fn write(&mut self, chunk: Bytes) -> Result<(), StorageError> {
+        self.file().write_all(&chunk).await?;
+        self.written += chunk.len() as u64;
+        Ok(())
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<u64, StorageError> {
+        let mut file = self.file.take().expect("writer used after finish");
+        let result = async {
+            file.flush().await?;
+            file.get_ref().sync_all().await?;
+            drop(file);
+            publish(&self.temp, &self.target).await
+        }
+        .await;
+        if let Err(error) = result {
+            let _ = fs::remove_file(&self.temp).await;
+            return Err(error.into());
+        }
+        Ok(self.written)
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        self.file.take();
+        let _ = fs::remove_file(&self.temp).await;
+    }
+}
+
+impl Drop for DirWriter {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            // Abandoned mid-write (a dropped request, a panic): remove the partial file.
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}

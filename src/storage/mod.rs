@@ -1,0 +1,81 @@
+//! Object storage: one trait, two implementations (a local directory and S3) that pass
+//! the same conformance suite (`tests/storage_conformance.rs`).
+//!
+//! Keys are `/`-separated paths of safe segments ([`Key`]). Writes go through an
+//! [`ObjectWriter`] that publishes the object only on [`ObjectWriter::finish`], so a
+//! failed or abandoned write never leaves a half-written object behind.
+
+mod dir;
+mod key;
+mod s3;
+
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+
+pub use dir::DirStore;
+pub use key::Key;
+pub use s3::{S3Settings, S3Store};
+
+/// A stream of an object's bytes, read lazily.
+pub type ByteStream = BoxStream<'static, Result<Bytes, StorageError>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("object {0} not found")]
+    NotFound(String),
+    #[error("storage I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("object store request failed: {0}")]
+    Backend(String),
+}
+
+#[async_trait]
+pub trait ObjectStore: Send + Sync + 'static {
+    /// Starts writing `key`; the object appears, whole, only when the writer finishes.
+    async fn writer(&self, key: &Key) -> Result<Box<dyn ObjectWriter>, StorageError>;
+
+    /// Streams the object, or the `range` of it (clamped to its end).
+    async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError>;
+
+    /// The object's size, or `None` when it does not exist.
+    async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError>;
+
+    /// Removes the object; removing a missing object is not an error.
+    async fn delete(&self, key: &Key) -> Result<(), StorageError>;
+
+    /// Every key that starts with `prefix`, in lexical order.
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError>;
+
+    /// Writes a small object in one call.
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {
+        let mut writer = self.writer(key).await?;
+        writer.write(bytes).await?;
+        writer.finish().await.map(drop)
+    }
+
+    /// Reads a small object whole.
+    async fn get(&self, key: &Key) -> Result<Bytes, StorageError> {
+        let mut stream = self.read(key, None).await?;
+        let mut buffer = BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            buffer.extend_from_slice(&chunk?);
+        }
+        Ok(buffer.freeze())
+    }
+}
+
+#[async_trait]
+pub trait ObjectWriter: Send {
+    async fn write(&mut self, chunk: Bytes) -> Result<(), StorageError>;
+
+    /// Publishes the object and returns its size.
+    async fn finish(self: Box<Self>) -> Result<u64, StorageError>;
+
+    /// Discards everything written. Dropping an unfinished writer does the same, as
+    /// far as it can without awaiting.
+    async fn abort(self: Box<Self>);
+}

@@ -1,0 +1,286 @@
+//! Objects in an S3 bucket (AWS, MinIO, s3s, any S3-compatible server).
+//!
+//! Small objects are one `PutObject`; larger ones become a multipart upload in
+//! [`PART_SIZE`] parts, completed by `finish` and aborted otherwise, so memory per
+//! writer stays at one part whatever the object's size.
+
+use std::ops::Range;
+
+use async_trait::async_trait;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
+use aws_sdk_s3::primitives::ByteStream as S3Body;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+
+use super::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+
+/// S3 wants parts of at least 5 MiB but the last.
+const PART_SIZE: usize = 8 * 1024 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct S3Settings {
+    pub bucket: String,
+    /// A custom endpoint (MinIO, s3s); `None` for AWS.
+    pub endpoint: Option<String>,
+    pub region: String,
+    /// Prepended to every key, so one bucket can hold several installations.
+    pub prefix: String,
+    pub path_style: bool,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    prefix: String,
+}
+
+fn backend<E: std::error::Error + 'static, R: std::fmt::Debug>(error: SdkError<E, R>) -> StorageError {
+    StorageError::Backend(DisplayErrorContext(error).to_string())
+}
+
+impl S3Store {
+    pub fn new(settings: S3Settings) -> Self {
+        let credentials = Credentials::new(
+            settings.access_key_id,
+            settings.secret_access_key,
+            settings.session_token,
+            None,
+            "nightshift-config",
+        );
+        let mut config = aws_sdk_s3::config::Builder::new()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(settings.region))
+            .credentials_provider(credentials)
+            .force_path_style(settings.path_style)
+            // Streaming uploads of unknown length cannot carry a precomputed checksum,
+            // and several S3-compatible servers reject the trailing-checksum encoding.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        if let Some(endpoint) = settings.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        let prefix = match settings.prefix.trim_matches('/') {
+            "" => String::new(),
+            trimmed => format!("{trimmed}/"),
+        };
+        Self { client: Client::from_conf(config.build()), bucket: settings.bucket, prefix }
+    }
+
+    fn object_key(&self, key: &Key) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    async fn writer(&self, key: &Key) -> Result<Box<dyn ObjectWriter>, StorageError> {
+        Ok(Box::new(S3Writer {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            key: self.object_key(key),
+            buffer: BytesMut::new(),
+            upload: None,
+            written: 0,
+        }))
+    }
+
+    async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
+        let mut request = self.client.get_object().bucket(&self.bucket).key(self.object_key(key));
+        if let Some(range) = &range {
+            if range.start >= range.end {
+                // S3 has no way to ask for zero bytes; the object must still exist.
+                return match self.size(key).await? {
+                    Some(_) => Ok(futures_util::stream::empty().boxed()),
+                    None => Err(StorageError::NotFound(key.to_string())),
+                };
+            }
+            request = request.range(format!("bytes={}-{}", range.start, range.end - 1));
+        }
+        let output = match request.send().await {
+            Ok(output) => output,
+            Err(error) if error.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Err(StorageError::NotFound(key.to_string()));
+            }
+            // A range past the end of the object reads as nothing, as on a filesystem.
+            Err(error) if error.raw_response().is_some_and(|r| r.status().as_u16() == 416) => {
+                return Ok(futures_util::stream::empty().boxed());
+            }
+            Err(error) => return Err(backend(error)),
+        };
+        let stream = futures_util::stream::try_unfold(output.body, |mut body| async move {
+            match body.try_next().await {
+                Ok(Some(chunk)) => Ok(Some((chunk, body))),
+                Ok(None) => Ok(None),
+                Err(error) => Err(StorageError::Backend(error.to_string())),
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
+        let request = self.client.head_object().bucket(&self.bucket).key(self.object_key(key));
+        match request.send().await {
+            Ok(output) => Ok(Some(output.content_length().unwrap_or(0).max(0) as u64)),
+            Err(error) if error.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
+            Err(error) => Err(backend(error)),
+        }
+    }
+
+    async fn delete(&self, key: &Key) -> Result<(), StorageError> {
+        let request = self.client.delete_object().bucket(&self.bucket).key(self.object_key(key));
+        match request.send().await {
+            Ok(_) => Ok(()),
+            Err(error) if error.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(()),
+            Err(error) => Err(backend(error)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(format!("{}{}", self.prefix, prefix))
+            .into_paginator()
+            .send();
+        let mut keys = Vec::new();
+        while let Some(page) = pages.next().await {
+            for object in page.map_err(backend)?.contents() {
+                let key = object.key().and_then(|k| k.strip_prefix(&self.prefix)).and_then(Key::parse);
+                keys.extend(key);
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+struct MultipartUpload {
+    id: String,
+    parts: Vec<CompletedPart>,
+}
+
+struct S3Writer {
+    client: Client,
+    bucket: String,
+    key: String,
+    buffer: BytesMut,
+    upload: Option<MultipartUpload>,
+    written: u64,
+}
+
+impl S3Writer {
+    async fn upload_part(&mut self) -> Result<(), StorageError> {
+        if self.upload.is_none() {
+            let created = self
+                .client
+                .create_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .send()
+                .await
+                .map_err(backend)?;
+            let id = created.upload_id().unwrap_or_default().to_owned();
+            self.upload = Some(MultipartUpload { id, parts: Vec::new() });
+        }
+        let body = self.buffer.split().freeze();
+        let upload = self.upload.as_mut().expect("multipart upload started above");
+        let part_number = upload.parts.len() as i32 + 1;
+        let uploaded = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(&upload.id)
+            .part_number(part_number)
+            .body(S3Body::from(body))
+            .send()
+            .await
+            .map_err(backend)?;
+        upload.parts.push(
+            CompletedPart::builder()
+                .part_number(part_number)
+                .set_e_tag(uploaded.e_tag().map(str::to_owned))
+                .build(),
+        );
+        Ok(())
+    }
+
+    async fn complete(&mut self) -> Result<(), StorageError> {
+        if self.upload.is_none() {
+            let body = self.buffer.split().freeze();
+            let request = self.client.put_object().bucket(&self.bucket).key(&self.key);
+            request.body(S3Body::from(body)).send().await.map_err(backend)?;
+            return Ok(());
+        }
+        if !self.buffer.is_empty() {
+            self.upload_part().await?;
+        }
+        let upload = self.upload.as_ref().expect("multipart upload in progress");
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(&upload.id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(upload.parts.clone())).build())
+            .send()
+            .await
+            .map_err(backend)?;
+        self.upload = None;
+        Ok(())
+    }
+
+    fn abort_request(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let upload = self.upload.take()?;
+        let request = self.client.abort_multipart_upload().bucket(&self.bucket).key(&self.key).upload_id(upload.id);
+        Some(async move {
+            if let Err(error) = request.send().await {
+                tracing::warn!(error = %DisplayErrorContext(error), "could not abort a multipart upload");
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for S3Writer {
+    async fn write(&mut self, chunk: Bytes) -> Result<(), StorageError> {
+        self.written += chunk.len() as u64;
+        self.buffer.extend_from_slice(&chunk);
+        if self.buffer.len() >= PART_SIZE {
+            self.upload_part().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<u64, StorageError> {
+        if let Err(error) = self.complete().await {
+            if let Some(abort) = self.abort_request() {
+                abort.await;
+            }
+            return Err(error);
+        }
+        Ok(self.written)
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        if let Some(abort) = self.abort_request() {
+            abort.await;
+        }
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        if let (Some(abort), Ok(runtime)) = (self.abort_request(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(abort);
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! What one JSONL line says about the fields the rules look at, read in one parse.
+//!
+//! The line is parsed completely (so invalid JSON anywhere is caught) but only the
+//! fields the rules need are kept; everything else, the bulk of `body` included, is
+//! skipped without being built. Duplicate keys resolve as in `JSON.parse`: last wins.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// A top-level field that the rules want to be a string.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Text<'a> {
+    #[default]
+    Missing,
+    NotString,
+    Value(Cow<'a, str>),
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Body {
+    #[default]
+    Missing,
+    NotObject,
+    Object {
+        keys: usize,
+        stream_true: bool,
+    },
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LineFacts<'a> {
+    pub custom_id: Text<'a>,
+    pub method: Text<'a>,
+    pub url: Text<'a>,
+    pub body: Body,
+}
+
+/// Why a line is not even a JSON object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    NotJson,
+    NotObject,
+}
+
+impl<'a> LineFacts<'a> {
+    pub fn read(line: &'a [u8]) -> Result<Self, Shape> {
+        let text = std::str::from_utf8(line).map_err(|_| Shape::NotJson)?;
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        let facts = deserializer.deserialize_any(LineVisitor).map_err(|_| Shape::NotJson)?;
+        deserializer.end().map_err(|_| Shape::NotJson)?;
+        facts.ok_or(Shape::NotObject)
+    }
+}
+
+/// Implements every `visit_*` of a visitor that accepts any JSON value: scalars
+/// become `$other`, arrays and objects are skipped whole and become `$other` too,
+/// unless the visitor defines its own `visit_map`.
+macro_rules! accept_any_value {
+    ($other:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($other)
+        }
+    };
+}
+
+struct LineVisitor;
+
+impl<'de> Visitor<'de> for LineVisitor {
+    type Value = Option<LineFacts<'de>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    accept_any_value!(None);
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut facts = LineFacts::default();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "custom_id" => facts.custom_id = map.next_value::<TextSeed<'de>>()?.0,
+                "method" => facts.method = map.next_value::<TextSeed<'de>>()?.0,
+                "url" => facts.url = map.next_value::<TextSeed<'de>>()?.0,
+                "body" => facts.body = map.next_value::<BodySeed>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Some(facts))
+    }
+}
+
+/// An object key, borrowed from the line unless it held escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(TextVisitor).and_then(|text| match text {
+            Text::Value(text) => Ok(Key(text)),
+            _ => Err(de::Error::custom("object keys are strings")),
+        })
+    }
+}
+
+struct TextSeed<'a>(Text<'a>);
+
+impl<'de> serde::Deserialize<'de> for TextSeed<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TextVisitor).map(TextSeed)
+    }
+}
+
+struct TextVisitor;
+
+impl<'de> Visitor<'de> for TextVisitor {
+    type Value = Text<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    accept_any_value!(Text::NotString);
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+        Ok(Text::Value(Cow::Borrowed(text)))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(Text::Value(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Text::NotString)
+    }
+}
+
+struct BodySeed(Body);
+
+impl<'de> serde::Deserialize<'de> for BodySeed {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(BodyVisitor).map(BodySeed)
+    }
+}
+
+struct BodyVisitor;
+
+impl<'de> Visitor<'de> for BodyVisitor {
+    type Value = Body;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    accept_any_value!(Body::NotObject);
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Body::NotObject)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut keys, mut stream_true) = (0, false);
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            keys += 1;
+            if key.0 == "stream" {
+                stream_true = map.next_value::<IsTrue>()?.0;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Body::Object { keys, stream_true })
+    }
+}
+
+/// Whether a value is the JSON literal `true` (`stream: "true"` is not).
+struct IsTrue(bool);
+
+impl<'de> serde::Deserialize<'de> for IsTrue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IsTrueVisitor).map(IsTrue)
+    }
+}
+
+struct IsTrueVisitor;
+
+impl<'de> Visitor<'de> for IsTrueVisitor {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
+        Ok(value)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+}

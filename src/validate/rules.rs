@@ -1,0 +1,149 @@
+//! The spec's validation rules and their exact messages.
+
+use std::collections::HashSet;
+
+use sha2::{Digest, Sha256};
+
+use super::line::{Body, LineFacts, Shape, Text};
+
+pub const MAX_FILE_BYTES: u64 = 200 * 1024 * 1024;
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+pub const MAX_LINES: u64 = 50_000;
+/// The batchable endpoints (supported-endpoints.txt).
+pub const ALLOWED_URLS: &[&str] = &["/v1/chat/completions"];
+
+/// Why an input file was refused: the message of the spec's table, with the 1-based
+/// line it is about and the parameter it names, where those mean something.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidInput {
+    pub message: String,
+    pub line: Option<u64>,
+    pub param: Option<&'static str>,
+}
+
+impl InvalidInput {
+    fn file(message: String) -> Self {
+        Self { message, line: None, param: None }
+    }
+
+    fn at(line: u64, message: String, param: Option<&'static str>) -> Self {
+        Self { message, line: Some(line), param }
+    }
+
+    pub fn no_lines() -> Self {
+        Self::file("Input file contains no JSONL lines".into())
+    }
+
+    pub fn too_many_lines() -> Self {
+        Self::file(format!("Input file exceeds maximum of {MAX_LINES} lines"))
+    }
+
+    pub fn line_too_long(n: u64) -> Self {
+        Self::at(n, format!("Line {n} exceeds maximum size of {MAX_LINE_BYTES} bytes"), None)
+    }
+
+    pub(super) fn bad_line(n: u64, shape: Shape) -> Self {
+        match shape {
+            Shape::NotJson => Self::at(n, format!("Line {n} is not valid JSON"), None),
+            Shape::NotObject => Self::at(n, format!("Line {n} must be a JSON object"), None),
+        }
+    }
+}
+
+pub fn file_too_large() -> InvalidInput {
+    InvalidInput::file(format!("Input file exceeds maximum size of {MAX_FILE_BYTES} bytes"))
+}
+
+pub fn endpoint_mismatch(endpoint: &str, url: &str) -> InvalidInput {
+    InvalidInput {
+        message: format!("endpoint \"{endpoint}\" does not match the url \"{url}\" used by the input file"),
+        line: None,
+        param: Some("endpoint"),
+    }
+}
+
+/// Every custom_id seen so far. Ids up to [`SHORT_ID`] bytes are kept as they are;
+/// longer ones (up to a megabyte each) only as SHA-256 digests, which keeps memory
+/// bounded by the line count rather than by the file's size.
+#[derive(Default)]
+pub struct CustomIds {
+    short: HashSet<Box<str>>,
+    long: HashSet<[u8; 32]>,
+}
+
+const SHORT_ID: usize = 128;
+
+impl CustomIds {
+    /// Adds `id`; false when it was there already.
+    fn insert(&mut self, id: &str) -> bool {
+        if id.len() <= SHORT_ID {
+            self.short.insert(id.into())
+        } else {
+            self.long.insert(Sha256::digest(id.as_bytes()).into())
+        }
+    }
+}
+
+/// Applies the per-line rules in the order of the spec's table. `batch_url` is the
+/// url the first line set; `endpoint` is the create request's.
+pub fn check(
+    facts: &LineFacts<'_>,
+    n: u64,
+    custom_ids: &mut CustomIds,
+    batch_url: &mut Option<String>,
+    endpoint: &str,
+    allowed_urls: &[&str],
+) -> Result<(), InvalidInput> {
+    let custom_id = match &facts.custom_id {
+        Text::Value(id) if !id.is_empty() => id,
+        _ => return Err(InvalidInput::at(n, format!("Line {n} is missing custom_id"), Some("custom_id"))),
+    };
+    if !custom_ids.insert(custom_id) {
+        // The spec's example shows `param: null` for this one.
+        return Err(InvalidInput::at(n, format!("Line {n} duplicates custom_id \"{custom_id}\""), None));
+    }
+    match &facts.method {
+        Text::Value(method) if method.eq_ignore_ascii_case("POST") => {}
+        _ => return Err(InvalidInput::at(n, format!("Line {n} method must be \"POST\""), Some("method"))),
+    }
+    let url = match &facts.url {
+        Text::Value(url) => url,
+        _ => return Err(InvalidInput::at(n, format!("Line {n} is missing url"), Some("url"))),
+    };
+    match batch_url {
+        Some(expected) if expected != url => {
+            return Err(InvalidInput::at(
+                n,
+                format!("Line {n} url \"{url}\" does not match the batch endpoint \"{expected}\""),
+                Some("url"),
+            ));
+        }
+        Some(_) => {}
+        None => {
+            if !allowed_urls.contains(&url.as_ref()) {
+                return Err(InvalidInput::at(
+                    n,
+                    format!("Line {n} url \"{url}\" is not an allowed batch endpoint"),
+                    Some("url"),
+                ));
+            }
+            if endpoint != url {
+                return Err(endpoint_mismatch(endpoint, url));
+            }
+            *batch_url = Some(url.clone().into_owned());
+        }
+    }
+    match facts.body {
+        Body::Object { keys, .. } if keys == 0 => {
+            Err(InvalidInput::at(n, format!("Line {n} is missing body"), Some("body")))
+        }
+        Body::Missing | Body::NotObject => Err(InvalidInput::at(n, format!("Line {n} is missing body"), Some("body"))),
+        Body::Object { stream_true: true, .. } => Err(InvalidInput::at(
+            n,
+            format!("Line {n} has stream=true; streaming is not supported in batch mode"),
+            Some("body.stream"),
+        )),
+        Body::Object { .. } => Ok(()),
+    }
+}

@@ -1,0 +1,205 @@
+//! Test harness: real servers on 127.0.0.1 (s3s-fs, `nightshift serve`), fresh
+//! storage per test, and an in-process router with a known project.
+#![allow(dead_code)]
+
+pub mod multipart;
+pub mod serve;
+pub mod tools;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use nightshift::api::{self, AppState};
+use nightshift::auth::Projects;
+use nightshift::config::{ApiKeyConfig, ProjectConfig};
+use nightshift::files::FileCatalog;
+use nightshift::ids::ProjectId;
+use nightshift::storage::{DirStore, ObjectStore, S3Settings, S3Store};
+use tempfile::TempDir;
+use tower::ServiceExt;
+
+pub const PROJECT: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
+pub const KEY: &str = "test-key";
+pub const OTHER_PROJECT: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
+pub const OTHER_KEY: &str = "other-key";
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited early with {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not listen on port {port} within 20s");
+}
+
+/// A real S3 server (s3s-fs) on a free port, over a temporary directory.
+pub struct TestS3 {
+    child: Child,
+    pub endpoint: String,
+    pub bucket: String,
+    _root: TempDir,
+}
+
+pub const S3_ACCESS_KEY: &str = "nightshift-test";
+pub const S3_SECRET_KEY: &str = "nightshift-test-secret";
+
+impl TestS3 {
+    pub fn start() -> Self {
+        let root = TempDir::new().unwrap();
+        let bucket = "nightshift".to_owned();
+        std::fs::create_dir(root.path().join(&bucket)).unwrap();
+        let port = free_port();
+        let mut child = Command::new(tools::s3s_fs())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])
+            .arg(root.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("s3s-fs starts");
+        wait_for_port(port, &mut child, "s3s-fs");
+        Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket, _root: root }
+    }
+
+    pub fn settings(&self, prefix: &str) -> S3Settings {
+        S3Settings {
+            bucket: self.bucket.clone(),
+            endpoint: Some(self.endpoint.clone()),
+            region: "us-east-1".into(),
+            prefix: prefix.into(),
+            path_style: true,
+            access_key_id: S3_ACCESS_KEY.into(),
+            secret_access_key: S3_SECRET_KEY.into(),
+            session_token: None,
+        }
+    }
+
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(S3Store::new(self.settings("")))
+    }
+}
+
+impl Drop for TestS3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Storage for one test; keeps its server or directory alive as long as it lives.
+pub enum Backend {
+    Dir(TempDir),
+    S3(TestS3),
+}
+
+impl Backend {
+    pub async fn dir() -> (Self, Arc<dyn ObjectStore>) {
+        let dir = TempDir::new().unwrap();
+        let store = DirStore::open(dir.path()).await.unwrap();
+        (Self::Dir(dir), Arc::new(store))
+    }
+
+    pub async fn s3() -> (Self, Arc<dyn ObjectStore>) {
+        let server = TestS3::start();
+        let store = server.store();
+        (Self::S3(server), store)
+    }
+}
+
+pub fn projects() -> Projects {
+    let project = |id: &str, key: &str| ProjectConfig {
+        id: ProjectId::parse(id).unwrap(),
+        name: None,
+        api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
+        quota: None,
+    };
+    Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
+}
+
+/// The API router in-process over `store`, with [`PROJECT`] and [`OTHER_PROJECT`].
+pub struct TestApp {
+    pub router: axum::Router,
+    pub store: Arc<dyn ObjectStore>,
+    pub files: FileCatalog,
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts the OpenAI error envelope and returns its `error` object.
+    pub fn error(&self, status: StatusCode, code: &str) -> serde_json::Value {
+        let json = self.json();
+        assert_eq!(self.status, status, "{json}");
+        let error = &json["error"];
+        assert_eq!(error["code"], code, "{json}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{json}");
+        assert!(error["type"].is_string(), "{json}");
+        assert!(error.get("param").is_some(), "param is always present: {json}");
+        error.clone()
+    }
+}
+
+impl TestApp {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        let files = FileCatalog::new(store.clone(), Duration::from_secs(30 * 86_400));
+        let state = AppState { projects: Arc::new(projects()), files: files.clone() };
+        Self { router: api::router(state), store, files }
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Answer {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Answer { status, headers, body }
+    }
+
+    /// A request authenticated as [`PROJECT`].
+    pub fn request(method: &str, uri: &str) -> axum::http::request::Builder {
+        Request::builder().method(method).uri(uri).header("x-project-id", PROJECT).header("x-api-key", KEY)
+    }
+
+    pub async fn get(&self, uri: &str) -> Answer {
+        self.send(Self::request("GET", uri).body(Body::empty()).unwrap()).await
+    }
+
+    pub async fn delete(&self, uri: &str) -> Answer {
+        self.send(Self::request("DELETE", uri).body(Body::empty()).unwrap()).await
+    }
+
+    /// Uploads `content` as a batch file named `name`, expecting success.
+    pub async fn upload(&self, name: &str, content: &[u8]) -> serde_json::Value {
+        let form = multipart::Form::new().text("purpose", "batch").file("file", name, content);
+        let answer = self.send(form.request(Self::request("POST", "/v1/files"))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer.body));
+        answer.json()
+    }
+}
+
+pub fn read_to_string(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

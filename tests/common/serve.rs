@@ -1,0 +1,69 @@
+//! `nightshift serve` as a child process, the way a user runs it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub struct Serve {
+    child: Child,
+    pub url: String,
+    pub project_id: Option<String>,
+    pub api_key: Option<String>,
+    pub data_dir: PathBuf,
+}
+
+impl Serve {
+    /// Starts `nightshift serve` on a free port over `data_dir`, with `extra` arguments.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nightshift serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut project_id, mut api_key) = (None, None);
+        loop {
+            let line = received
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("nightshift serve printed no address within 30s"));
+            let field = |name: &str| line.trim().strip_prefix(name).map(|v| v.trim().to_owned());
+            project_id = project_id.or(field("x-project-id:"));
+            api_key = api_key.or(field("x-api-key:"));
+            if let Some(address) = line.strip_prefix("Nightshift listening on ") {
+                return Self { child, url: address.trim().to_owned(), project_id, api_key, data_dir: data_dir.to_owned() };
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

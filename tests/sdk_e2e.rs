@@ -1,0 +1,93 @@
+//! End to end with the official OpenAI Python SDK against `nightshift serve`.
+
+mod common;
+
+use std::process::Command;
+
+use common::serve::Serve;
+use tempfile::TempDir;
+
+fn run_python(script: &str, serve: &Serve) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(common::tools::python())
+        .arg(format!("{root}/{script}"))
+        .env("NIGHTSHIFT_URL", &serve.url)
+        .env("NIGHTSHIFT_DATA_DIR", &serve.data_dir)
+        .env("NIGHTSHIFT_PROJECT_ID", serve.project_id.as_deref().unwrap_or_default())
+        .env("NIGHTSHIFT_API_KEY", serve.api_key.as_deref().unwrap_or_default())
+        .env("OPENAI_BASE_URL", "http://127.0.0.1:9/must-not-be-used")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn quickstart_uploads_lists_downloads_and_deletes_a_file() {
+    let data = TempDir::new().unwrap();
+    let serve = Serve::start(data.path(), &[]);
+    let stdout = run_python("examples/quickstart.py", &serve);
+    assert!(stdout.contains("ours is among them: True"), "{stdout}");
+    assert!(stdout.contains("identical bytes"), "{stdout}");
+    assert!(stdout.contains(": True"), "{stdout}");
+}
+
+#[test]
+fn quickstart_finds_the_dev_credentials_without_being_told() {
+    let data = TempDir::new().unwrap();
+    let mut serve = Serve::start(data.path(), &[]);
+    serve.project_id = None;
+    serve.api_key = None;
+    run_python("examples/quickstart.py", &serve);
+}
+
+#[test]
+fn the_sdk_sees_files_pagination_and_typed_errors() {
+    let data = TempDir::new().unwrap();
+    let serve = Serve::start(data.path(), &[]);
+    let stdout = run_python("tests/e2e/files_sdk.py", &serve);
+    assert!(stdout.contains("files SDK checks passed"), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_restarted_serve_keeps_its_dev_project_and_files() {
+    let data = TempDir::new().unwrap();
+    let first = Serve::start(data.path(), &[]);
+    let (project, key) = (first.project_id.clone().unwrap(), first.api_key.clone().unwrap());
+    let client = reqwest::Client::new();
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "batch")
+        .part("file", reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"));
+    let uploaded: serde_json::Value = client
+        .post(format!("{}/v1/files", first.url))
+        .header("x-project-id", &project)
+        .header("x-api-key", &key)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    first.kill();
+
+    let second = Serve::start(data.path(), &[]);
+    assert_eq!(second.project_id.as_deref(), Some(project.as_str()));
+    assert_eq!(second.api_key.as_deref(), Some(key.as_str()));
+    let retrieved: serde_json::Value = client
+        .get(format!("{}/v1/files/{}", second.url, uploaded["id"].as_str().unwrap()))
+        .header("x-project-id", &project)
+        .header("x-api-key", &key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(retrieved, uploaded);
+}
