@@ -56,6 +56,18 @@ content = client.files.content(uploaded.id).read()
 assert content == payload, "downloaded bytes differ from the upload"
 print(f"retrieved {retrieved.id} ({retrieved.status}) and downloaded {len(content)} identical bytes")
 
-# 3. Delete it.
-deleted = client.files.delete(uploaded.id)
+# 3. Create a batch from it.
+batch = client.batches.create(
+    input_file_id=uploaded.id,
+    endpoint="/v1/chat/completions",
+    completion_window="24h",
+    metadata={"example": "quickstart"},
+)
+print(f"created batch {batch.id}: status {batch.status}, {batch.request_counts.total} requests")
+batch = client.batches.retrieve(batch.id)
+print(f"batch {batch.id} is {batch.status}: {batch.request_counts}")
+
+# 4. A scratch file, uploaded and deleted.
+scratch = client.files.create(file=("scratch.jsonl", payload), purpose="batch")
+deleted = client.files.delete(scratch.id)
 print(f"deleted {deleted.id}: {deleted.deleted}")

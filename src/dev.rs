@@ -21,7 +21,11 @@ impl DevCredentials {
         ProjectConfig {
             id: self.project_id.clone(),
             name: Some("dev".to_owned()),
-            api_keys: vec![ApiKeyConfig { plain: Some(self.api_key.clone()), sha256: None, active: true }],
+            api_keys: vec![ApiKeyConfig {
+                plain: Some(self.api_key.clone()),
+                sha256: None,
+                active: true,
+            }],
             quota: None,
         }
     }
@@ -34,12 +38,14 @@ fn key() -> Key {
 /// The stored dev credentials, made on first use.
 pub async fn load_or_create(store: &dyn ObjectStore) -> Result<DevCredentials, StorageError> {
     match store.get(&key()).await {
-        Ok(bytes) => {
-            serde_json::from_slice(&bytes).map_err(|e| StorageError::Backend(format!("dev/credentials.json: {e}")))
-        }
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| StorageError::Backend(format!("dev/credentials.json: {e}"))),
         Err(StorageError::NotFound(_)) => {
             let secret: [u8; 24] = rand::random();
-            let credentials = DevCredentials { project_id: ProjectId::generate(), api_key: format!("ns-dev-{}", hex::encode(secret)) };
+            let credentials = DevCredentials {
+                project_id: ProjectId::generate(),
+                api_key: format!("ns-dev-{}", hex::encode(secret)),
+            };
             let json = serde_json::to_vec_pretty(&credentials).expect("credentials serialize");
             store.put(&key(), Bytes::from(json)).await?;
             Ok(credentials)

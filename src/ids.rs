@@ -13,7 +13,9 @@ use ulid::{Generator, Ulid};
 static GENERATOR: LazyLock<Mutex<Generator>> = LazyLock::new(|| Mutex::new(Generator::new()));
 
 fn next_ulid() -> Ulid {
-    let mut generator = GENERATOR.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut generator = GENERATOR
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // The monotonic generator only fails when 2^80 ids are made in one millisecond.
     generator.generate().unwrap_or_else(|_| Ulid::new())
 }
@@ -23,7 +25,9 @@ fn next_ulid() -> Ulid {
 fn is_id_body(body: &str) -> bool {
     !body.is_empty()
         && body.len() <= 100
-        && body.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 macro_rules! prefixed_id {
@@ -91,7 +95,11 @@ impl FileId {
     pub fn other_spelling(&self) -> Self {
         match self.0.strip_prefix(Self::PREFIX) {
             Some(body) => Self(format!("{LEGACY_FILE_PREFIX}{body}")),
-            None => Self(format!("{}{}", Self::PREFIX, &self.0[LEGACY_FILE_PREFIX.len()..])),
+            None => Self(format!(
+                "{}{}",
+                Self::PREFIX,
+                &self.0[LEGACY_FILE_PREFIX.len()..]
+            )),
         }
     }
 }
@@ -167,7 +175,9 @@ mod tests {
     fn file_ids_accept_both_spellings_and_nothing_else() {
         assert!(FileId::parse("file-01HZX").is_some());
         assert!(FileId::parse("file_01HZX").is_some());
-        for bad in ["", "file-", "file_", "batch_1", "file-a/b", "file-..", "file-a b", "FILE-1"] {
+        for bad in [
+            "", "file-", "file_", "batch_1", "file-a/b", "file-..", "file-a b", "FILE-1",
+        ] {
             assert!(FileId::parse(bad).is_none(), "{bad:?} parsed");
         }
         let id = FileId::parse("file-ABC").unwrap();

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod batches;
 pub mod cli;
 pub mod clock;
 pub mod config;

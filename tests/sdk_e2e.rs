@@ -13,8 +13,14 @@ fn run_python(script: &str, serve: &Serve) -> String {
         .arg(format!("{root}/{script}"))
         .env("NIGHTSHIFT_URL", &serve.url)
         .env("NIGHTSHIFT_DATA_DIR", &serve.data_dir)
-        .env("NIGHTSHIFT_PROJECT_ID", serve.project_id.as_deref().unwrap_or_default())
-        .env("NIGHTSHIFT_API_KEY", serve.api_key.as_deref().unwrap_or_default())
+        .env(
+            "NIGHTSHIFT_PROJECT_ID",
+            serve.project_id.as_deref().unwrap_or_default(),
+        )
+        .env(
+            "NIGHTSHIFT_API_KEY",
+            serve.api_key.as_deref().unwrap_or_default(),
+        )
         .env("OPENAI_BASE_URL", "http://127.0.0.1:9/must-not-be-used")
         .output()
         .expect("python runs");
@@ -28,13 +34,14 @@ fn run_python(script: &str, serve: &Serve) -> String {
 }
 
 #[test]
-fn quickstart_uploads_lists_downloads_and_deletes_a_file() {
+fn quickstart_uploads_a_file_and_creates_a_batch() {
     let data = TempDir::new().unwrap();
     let serve = Serve::start(data.path(), &[]);
     let stdout = run_python("examples/quickstart.py", &serve);
     assert!(stdout.contains("ours is among them: True"), "{stdout}");
     assert!(stdout.contains("identical bytes"), "{stdout}");
-    assert!(stdout.contains(": True"), "{stdout}");
+    assert!(stdout.contains("created batch batch_"), "{stdout}");
+    assert!(stdout.contains("status in_progress"), "{stdout}");
 }
 
 #[test]
@@ -54,15 +61,29 @@ fn the_sdk_sees_files_pagination_and_typed_errors() {
     assert!(stdout.contains("files SDK checks passed"), "{stdout}");
 }
 
+#[test]
+fn the_sdk_creates_retrieves_lists_and_cancels_batches() {
+    let data = TempDir::new().unwrap();
+    let serve = Serve::start(data.path(), &[]);
+    let stdout = run_python("tests/e2e/batches_sdk.py", &serve);
+    assert!(stdout.contains("batches SDK checks passed"), "{stdout}");
+}
+
 #[tokio::test]
 async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();
     let first = Serve::start(data.path(), &[]);
-    let (project, key) = (first.project_id.clone().unwrap(), first.api_key.clone().unwrap());
+    let (project, key) = (
+        first.project_id.clone().unwrap(),
+        first.api_key.clone().unwrap(),
+    );
     let client = reqwest::Client::new();
     let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
-        .part("file", reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"));
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"),
+        );
     let uploaded: serde_json::Value = client
         .post(format!("{}/v1/files", first.url))
         .header("x-project-id", &project)
@@ -80,7 +101,11 @@ async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     assert_eq!(second.project_id.as_deref(), Some(project.as_str()));
     assert_eq!(second.api_key.as_deref(), Some(key.as_str()));
     let retrieved: serde_json::Value = client
-        .get(format!("{}/v1/files/{}", second.url, uploaded["id"].as_str().unwrap()))
+        .get(format!(
+            "{}/v1/files/{}",
+            second.url,
+            uploaded["id"].as_str().unwrap()
+        ))
         .header("x-project-id", &project)
         .header("x-api-key", &key)
         .send()

@@ -1,5 +1,6 @@
 //! The HTTP API: one router per resource, merged, behind the shared layers.
 
+mod batches;
 mod error;
 mod extract;
 mod files;
@@ -16,6 +17,7 @@ pub use error::{ApiError, ErrorType};
 pub use middleware::REQUEST_ID_HEADER;
 
 use crate::auth::Projects;
+use crate::batches::{BatchSettings, BatchStore};
 use crate::files::FileCatalog;
 
 /// What every handler may reach.
@@ -23,6 +25,8 @@ use crate::files::FileCatalog;
 pub struct AppState {
     pub projects: Arc<Projects>,
     pub files: FileCatalog,
+    pub batches: Arc<dyn BatchStore>,
+    pub batch_settings: BatchSettings,
 }
 
 /// The whole API. Layers run outside in: request id and logging, CORS, then routing;
@@ -30,6 +34,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(files::router())
+        .merge(batches::router())
         .route_layer(from_fn_with_state(state.clone(), middleware::authenticate))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)

@@ -34,13 +34,21 @@ fn multipart_error(error: MultipartError) -> ApiError {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large();
     }
-    ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", error.body_text()))
+    ApiError::bad_request(
+        "invalid_multipart",
+        format!(
+            "The multipart body could not be parsed: {}",
+            error.body_text()
+        ),
+    )
 }
 
 fn invalid_purpose(got: Option<&str>) -> ApiError {
     let message = match got {
         None => "purpose is required and must be \"batch\"".to_owned(),
-        Some(other) => format!("Invalid purpose {other:?}: the only purpose accepted for uploads is \"batch\""),
+        Some(other) => {
+            format!("Invalid purpose {other:?}: the only purpose accepted for uploads is \"batch\"")
+        }
     };
     ApiError::bad_request("invalid_purpose", message).with_param("purpose")
 }
@@ -54,7 +62,11 @@ pub async fn create_file(
     let is_multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        });
     if !is_multipart {
         return Err(ApiError::bad_request(
             "invalid_content_type",
@@ -69,23 +81,41 @@ pub async fn create_file(
         return Err(too_large());
     }
     let mut multipart = multipart.map_err(|rejection| {
-        ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", rejection.body_text()))
+        ApiError::bad_request(
+            "invalid_multipart",
+            format!(
+                "The multipart body could not be parsed: {}",
+                rejection.body_text()
+            ),
+        )
     })?;
 
     let mut purpose: Option<String> = None;
     let mut upload: Option<(Upload, Option<String>)> = None;
-    let outcome = read_parts(&state, &project.id, &mut multipart, &mut purpose, &mut upload).await;
+    let outcome = read_parts(
+        &state,
+        &project.id,
+        &mut multipart,
+        &mut purpose,
+        &mut upload,
+    )
+    .await;
     let checked = outcome.and_then(|()| {
         match purpose.as_deref() {
             Some("batch") => {}
             other => return Err(invalid_purpose(other)),
         }
         match &upload {
-            None => Err(ApiError::bad_request("missing_file", "No file part in the multipart body; send the file as `file`")
-                .with_param("file")),
-            Some((file, _)) if file.bytes() == 0 => {
-                Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
-            }
+            None => Err(ApiError::bad_request(
+                "missing_file",
+                "No file part in the multipart body; send the file as `file`",
+            )
+            .with_param("file")),
+            Some((file, _)) if file.bytes() == 0 => Err(ApiError::bad_request(
+                "empty_file",
+                "The uploaded file is empty",
+            )
+            .with_param("file")),
             Some(_) => Ok(()),
         }
     });
@@ -97,7 +127,13 @@ pub async fn create_file(
         return Err(error);
     }
     let (file, filename) = upload.expect("checked above");
-    let record = file.commit(NewFile { filename, purpose: Purpose::Batch, is_error: false }).await?;
+    let record = file
+        .commit(NewFile {
+            filename,
+            purpose: Purpose::Batch,
+            is_error: false,
+        })
+        .await?;
     tracing::info!(file = %record.id, bytes = record.bytes, "file uploaded");
     Ok(Json(FileObject::from(&record)))
 }
@@ -122,10 +158,15 @@ async fn read_parts(
             }
             Some("file") => {
                 if upload.is_some() {
-                    return Err(ApiError::bad_request("invalid_multipart", "The multipart body has more than one file part")
-                        .with_param("file"));
+                    return Err(ApiError::bad_request(
+                        "invalid_multipart",
+                        "The multipart body has more than one file part",
+                    )
+                    .with_param("file"));
                 }
-                let filename = field.file_name().map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
+                let filename = field
+                    .file_name()
+                    .map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
                 let mut file = state.files.start_upload(project).await?;
                 let streamed = stream_into(&mut field, &mut file).await;
                 *upload = Some((file, filename));
@@ -151,11 +192,15 @@ async fn read_text(field: &mut Field<'_>) -> Result<String, ApiError> {
     let mut text = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
         if text.len() + chunk.len() > MAX_TEXT_FIELD_BYTES {
-            return Err(ApiError::bad_request("invalid_multipart", "A text field of the multipart body is too long"));
+            return Err(ApiError::bad_request(
+                "invalid_multipart",
+                "A text field of the multipart body is too long",
+            ));
         }
         text.extend_from_slice(&chunk);
     }
-    String::from_utf8(text).map_err(|_| ApiError::bad_request("invalid_multipart", "A text field is not valid UTF-8"))
+    String::from_utf8(text)
+        .map_err(|_| ApiError::bad_request("invalid_multipart", "A text field is not valid UTF-8"))
 }
 
 /// Reads and discards what is left of the body (bounded by the route's body limit),

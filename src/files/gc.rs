@@ -14,7 +14,9 @@ pub async fn run_gc_loop(catalog: FileCatalog, interval: Duration) {
         match catalog.collect_garbage(clock::now()).await {
             Ok(0) => {}
             Ok(removed) => tracing::info!(removed, "garbage-collected deleted and expired files"),
-            Err(error) => tracing::warn!(%error, "file garbage collection failed; retrying next interval"),
+            Err(error) => {
+                tracing::warn!(%error, "file garbage collection failed; retrying next interval")
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use nightshift::api::{self, AppState};
 use nightshift::auth::Projects;
+use nightshift::batches::{BatchSettings, EmbeddedBatchStore};
 use nightshift::config::{ApiKeyConfig, ProjectConfig};
 use nightshift::files::FileCatalog;
 use nightshift::ids::ProjectId;
@@ -30,7 +31,11 @@ pub const OTHER_PROJECT: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
 pub const OTHER_KEY: &str = "other-key";
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
@@ -73,7 +78,12 @@ impl TestS3 {
             .spawn()
             .expect("s3s-fs starts");
         wait_for_port(port, &mut child, "s3s-fs");
-        Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket, _root: root }
+        Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket,
+            _root: root,
+        }
     }
 
     pub fn settings(&self, prefix: &str) -> S3Settings {
@@ -125,7 +135,11 @@ pub fn projects() -> Projects {
     let project = |id: &str, key: &str| ProjectConfig {
         id: ProjectId::parse(id).unwrap(),
         name: None,
-        api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
+        api_keys: vec![ApiKeyConfig {
+            plain: Some(key.into()),
+            sha256: None,
+            active: true,
+        }],
         quota: None,
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
@@ -136,6 +150,7 @@ pub struct TestApp {
     pub router: axum::Router,
     pub store: Arc<dyn ObjectStore>,
     pub files: FileCatalog,
+    pub batches: Arc<EmbeddedBatchStore>,
 }
 
 pub struct Answer {
@@ -146,8 +161,12 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     /// Asserts the OpenAI error envelope and returns its `error` object.
@@ -156,18 +175,54 @@ impl Answer {
         assert_eq!(self.status, status, "{json}");
         let error = &json["error"];
         assert_eq!(error["code"], code, "{json}");
-        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{json}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{json}"
+        );
         assert!(error["type"].is_string(), "{json}");
-        assert!(error.get("param").is_some(), "param is always present: {json}");
+        assert!(
+            error.get("param").is_some(),
+            "param is always present: {json}"
+        );
         error.clone()
     }
 }
 
 impl TestApp {
-    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+    pub async fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self::with_batch_objects(store.clone(), store).await
+    }
+
+    /// Files in `store`, batch documents in `batch_objects`.
+    pub async fn with_batch_objects(
+        store: Arc<dyn ObjectStore>,
+        batch_objects: Arc<dyn ObjectStore>,
+    ) -> Self {
         let files = FileCatalog::new(store.clone(), Duration::from_secs(30 * 86_400));
-        let state = AppState { projects: Arc::new(projects()), files: files.clone() };
-        Self { router: api::router(state), store, files }
+        let batches = Arc::new(EmbeddedBatchStore::open(batch_objects).await.unwrap());
+        let state = AppState {
+            projects: Arc::new(projects()),
+            files: files.clone(),
+            batches: batches.clone(),
+            batch_settings: BatchSettings {
+                completion_window: Duration::from_secs(86_400),
+                shard_lines: 3,
+            },
+        };
+        Self {
+            router: api::router(state),
+            store,
+            files,
+            batches,
+        }
+    }
+
+    pub async fn post_json(&self, uri: &str, body: serde_json::Value) -> Answer {
+        let request = Self::request("POST", uri)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap();
+        self.send(request).await
     }
 
     pub async fn send(&self, request: Request<Body>) -> Answer {
@@ -175,27 +230,46 @@ impl TestApp {
         let status = response.status();
         let headers = response.headers().clone();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        Answer { status, headers, body }
+        Answer {
+            status,
+            headers,
+            body,
+        }
     }
 
     /// A request authenticated as [`PROJECT`].
     pub fn request(method: &str, uri: &str) -> axum::http::request::Builder {
-        Request::builder().method(method).uri(uri).header("x-project-id", PROJECT).header("x-api-key", KEY)
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("x-project-id", PROJECT)
+            .header("x-api-key", KEY)
     }
 
     pub async fn get(&self, uri: &str) -> Answer {
-        self.send(Self::request("GET", uri).body(Body::empty()).unwrap()).await
+        self.send(Self::request("GET", uri).body(Body::empty()).unwrap())
+            .await
     }
 
     pub async fn delete(&self, uri: &str) -> Answer {
-        self.send(Self::request("DELETE", uri).body(Body::empty()).unwrap()).await
+        self.send(Self::request("DELETE", uri).body(Body::empty()).unwrap())
+            .await
     }
 
     /// Uploads `content` as a batch file named `name`, expecting success.
     pub async fn upload(&self, name: &str, content: &[u8]) -> serde_json::Value {
-        let form = multipart::Form::new().text("purpose", "batch").file("file", name, content);
-        let answer = self.send(form.request(Self::request("POST", "/v1/files"))).await;
-        assert_eq!(answer.status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer.body));
+        let form = multipart::Form::new()
+            .text("purpose", "batch")
+            .file("file", name, content);
+        let answer = self
+            .send(form.request(Self::request("POST", "/v1/files")))
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
         answer.json()
     }
 }

@@ -45,7 +45,13 @@ impl Serve {
             project_id = project_id.or(field("x-project-id:"));
             api_key = api_key.or(field("x-api-key:"));
             if let Some(address) = line.strip_prefix("Nightshift listening on ") {
-                return Self { child, url: address.trim().to_owned(), project_id, api_key, data_dir: data_dir.to_owned() };
+                return Self {
+                    child,
+                    url: address.trim().to_owned(),
+                    project_id,
+                    api_key,
+                    data_dir: data_dir.to_owned(),
+                };
             }
         }
     }

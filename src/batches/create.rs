@@ -1,0 +1,274 @@
+//! `POST /v1/batches`: the request checks, the input lookup, one streaming validation
+//! pass, and the batch persisted either way (`in_progress`, or `failed` with errors).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{Map, Value};
+
+use super::model::{Batch, BatchError, BatchSpec, BatchState};
+use super::store::{BatchStore, StoreError};
+use crate::clock;
+use crate::files::FileCatalog;
+use crate::ids::{BatchId, ProjectId};
+use crate::storage::StorageError;
+use crate::validate::{self, InvalidInput, Validator};
+
+/// The only completion window the API accepts and reports.
+pub const COMPLETION_WINDOW: &str = "24h";
+/// Metadata is stored with the batch (and in a custom resource on Kubernetes).
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+#[derive(Clone, Copy, Debug)]
+pub struct BatchSettings {
+    /// How long a batch may run; the API still says "24h".
+    pub completion_window: Duration,
+    pub shard_lines: u32,
+}
+
+/// A create request whose fields passed the request checks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CreateBatch {
+    pub input_file_id: String,
+    pub endpoint: String,
+    pub metadata: Map<String, Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The request itself is malformed (400).
+    #[error("{message}")]
+    Request {
+        message: String,
+        param: &'static str,
+    },
+    /// 404 "Input file not found: <id>".
+    #[error("Input file not found: {0}")]
+    InputNotFound(String),
+    /// 404 "Input file object missing: <id>": the record is there, the bytes are not.
+    #[error("Input file object missing: {0}")]
+    InputMissing(String),
+    /// The input failed validation; the batch was persisted as `failed`.
+    #[error("{error}")]
+    Invalid {
+        error: InvalidInput,
+        batch: Box<Batch>,
+    },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn required(body: &Map<String, Value>, field: &'static str) -> Result<String, CreateError> {
+    match body.get(field) {
+        Some(Value::String(value)) if !value.is_empty() => Ok(value.clone()),
+        _ => Err(CreateError::Request {
+            message: format!("{field} is required"),
+            param: field,
+        }),
+    }
+}
+
+impl CreateBatch {
+    /// The request checks, in the spec's order.
+    pub fn parse(body: &Value) -> Result<Self, CreateError> {
+        let Value::Object(body) = body else {
+            return Err(CreateError::Request {
+                message: "The request body must be a JSON object".into(),
+                param: "body",
+            });
+        };
+        let input_file_id = required(body, "input_file_id")?;
+        let endpoint = required(body, "endpoint")?;
+        match body.get("completion_window") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(window)) if window == COMPLETION_WINDOW => {}
+            Some(_) => {
+                return Err(CreateError::Request {
+                    message: format!("completion_window must be \"{COMPLETION_WINDOW}\""),
+                    param: "completion_window",
+                });
+            }
+        }
+        let metadata = match body.get("metadata") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(metadata)) => {
+                let size = serde_json::to_vec(metadata)
+                    .map(|json| json.len())
+                    .unwrap_or(usize::MAX);
+                if size > MAX_METADATA_BYTES {
+                    return Err(CreateError::Request {
+                        message: format!(
+                            "metadata must be at most {MAX_METADATA_BYTES} bytes of JSON, got {size}"
+                        ),
+                        param: "metadata",
+                    });
+                }
+                metadata.clone()
+            }
+            Some(_) => {
+                return Err(CreateError::Request {
+                    message: "metadata must be a JSON object".into(),
+                    param: "metadata",
+                });
+            }
+        };
+        Ok(Self {
+            input_file_id,
+            endpoint,
+            metadata,
+        })
+    }
+}
+
+/// Looks up and validates the input, then persists the batch.
+pub async fn create_batch(
+    files: &FileCatalog,
+    store: &dyn BatchStore,
+    settings: BatchSettings,
+    project: &ProjectId,
+    request: CreateBatch,
+) -> Result<Batch, CreateError> {
+    let input = files
+        .find(project, &request.input_file_id)
+        .await?
+        .ok_or_else(|| CreateError::InputNotFound(request.input_file_id.clone()))?;
+    let created_at = clock::now();
+    let mut spec = BatchSpec {
+        id: BatchId::generate(),
+        project_id: project.clone(),
+        input_file_id: input.id.clone(),
+        endpoint: request.endpoint,
+        completion_window: COMPLETION_WINDOW.to_owned(),
+        metadata: request.metadata,
+        created_at,
+        expires_at: created_at + settings.completion_window.as_secs() as i64,
+        plan: Default::default(),
+    };
+
+    let verdict = if input.bytes > validate::MAX_FILE_BYTES {
+        Err(validate::file_too_large())
+    } else {
+        let mut content = match files.open(&input).await {
+            Ok(content) => content,
+            Err(StorageError::NotFound(_)) => {
+                return Err(CreateError::InputMissing(request.input_file_id));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let mut validator = Validator::new(&spec.endpoint, settings.shard_lines);
+        let mut fed = Ok(());
+        while let Some(chunk) = content.next().await {
+            fed = validator.feed(&chunk?);
+            if fed.is_err() {
+                break;
+            }
+        }
+        fed.and_then(|()| validator.finish())
+    };
+
+    let now = clock::now();
+    match verdict {
+        Ok(valid) => {
+            spec.plan = valid.shards;
+            let batch = Batch {
+                spec,
+                state: BatchState::in_progress(now, valid.requests),
+            };
+            store.insert(&batch).await?;
+            tracing::info!(batch = %batch.spec.id, requests = valid.requests, shards = batch.spec.plan.shards.len(), "batch created");
+            Ok(batch)
+        }
+        Err(error) => {
+            let recorded = BatchError {
+                code: "invalid_request_error".into(),
+                message: error.message.clone(),
+                line: error.line,
+                param: error.param.map(str::to_owned),
+            };
+            let batch = Batch {
+                spec,
+                state: BatchState::failed(now, vec![recorded]),
+            };
+            store.insert(&batch).await?;
+            tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
+            Err(CreateError::Invalid {
+                error,
+                batch: Box::new(batch),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn message(body: Value) -> (String, &'static str) {
+        match CreateBatch::parse(&body) {
+            Err(CreateError::Request { message, param }) => (message, param),
+            other => panic!("expected a request error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn input_file_id_and_endpoint_are_required_strings() {
+        let ok = json!({"input_file_id": "file-1", "endpoint": "/v1/chat/completions"});
+        assert_eq!(CreateBatch::parse(&ok).unwrap().metadata, Map::new());
+        for body in [
+            json!({"endpoint": "/e"}),
+            json!({"input_file_id": 5, "endpoint": "/e"}),
+            json!({"input_file_id": "", "endpoint": "/e"}),
+        ] {
+            assert_eq!(
+                message(body),
+                ("input_file_id is required".into(), "input_file_id")
+            );
+        }
+        for body in [
+            json!({"input_file_id": "f"}),
+            json!({"input_file_id": "f", "endpoint": null}),
+        ] {
+            assert_eq!(message(body), ("endpoint is required".into(), "endpoint"));
+        }
+    }
+
+    #[test]
+    fn completion_window_is_24h_or_absent() {
+        let base = |window: Value| json!({"input_file_id": "f", "endpoint": "/e", "completion_window": window});
+        assert!(CreateBatch::parse(&base(json!("24h"))).is_ok());
+        assert!(CreateBatch::parse(&base(Value::Null)).is_ok());
+        for window in [json!("48h"), json!(24), json!("24H"), json!("")] {
+            assert_eq!(
+                message(base(window)),
+                (
+                    "completion_window must be \"24h\"".into(),
+                    "completion_window"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn metadata_is_any_object_echoed_unchanged_and_bounded() {
+        let metadata = json!({"job": "nightly", "nested": {"n": [1, 2.5, null, true]}, "ü": "✓"});
+        let body = json!({"input_file_id": "f", "endpoint": "/e", "metadata": metadata});
+        assert_eq!(
+            Value::Object(CreateBatch::parse(&body).unwrap().metadata),
+            metadata
+        );
+        for bad in [json!("text"), json!([1]), json!(3)] {
+            let body = json!({"input_file_id": "f", "endpoint": "/e", "metadata": bad});
+            assert_eq!(
+                message(body),
+                ("metadata must be a JSON object".into(), "metadata")
+            );
+        }
+        let huge = json!({"input_file_id": "f", "endpoint": "/e", "metadata": {"k": "v".repeat(MAX_METADATA_BYTES)}});
+        assert_eq!(message(huge).1, "metadata");
+        assert_eq!(message(json!(["not", "an", "object"])).1, "body");
+    }
+}

@@ -1,0 +1,16 @@
+//! Batches: the durable Batch document, its lifecycle rules, and the store that keeps
+//! it (embedded here; Kubernetes custom resources in the operator).
+
+pub mod create;
+mod embedded;
+mod lifecycle;
+mod model;
+mod object;
+mod store;
+
+pub use create::{BatchSettings, CreateBatch, create_batch};
+pub use embedded::EmbeddedBatchStore;
+pub use lifecycle::{Refusal, cancel};
+pub use model::{Batch, BatchError, BatchSpec, BatchState, RequestCounts, Status, Usage};
+pub use object::BatchObject;
+pub use store::{BatchPage, BatchStore, StoreError, UpdateError};

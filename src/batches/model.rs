@@ -1,0 +1,163 @@
+//! The Batch document: `spec` is the immutable request and shard plan, `state` the
+//! lifecycle. The same document is a file in the embedded store and a custom
+//! resource on Kubernetes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::clock::UnixSeconds;
+use crate::ids::{BatchId, FileId, ProjectId};
+use crate::validate::ShardPlan;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Validating,
+    Failed,
+    InProgress,
+    Finalizing,
+    Completed,
+    Expired,
+    Cancelling,
+    Cancelled,
+}
+
+impl Status {
+    /// Terminal states never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Failed | Self::Completed | Self::Expired | Self::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Validating => "validating",
+            Self::Failed => "failed",
+            Self::InProgress => "in_progress",
+            Self::Finalizing => "finalizing",
+            Self::Completed => "completed",
+            Self::Expired => "expired",
+            Self::Cancelling => "cancelling",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchSpec {
+    pub id: BatchId,
+    pub project_id: ProjectId,
+    pub input_file_id: FileId,
+    pub endpoint: String,
+    pub completion_window: String,
+    pub metadata: Map<String, Value>,
+    pub created_at: UnixSeconds,
+    pub expires_at: UnixSeconds,
+    /// Empty for a batch whose validation failed.
+    #[serde(default)]
+    pub plan: ShardPlan,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCounts {
+    pub total: u64,
+    pub completed: u64,
+    pub failed: u64,
+}
+
+/// Token usage, summed over the batch's lines (OpenAI's `Batch.usage`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// One entry of `Batch.errors.data`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchError {
+    pub code: String,
+    pub message: String,
+    pub line: Option<u64>,
+    pub param: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchState {
+    pub status: Status,
+    #[serde(default)]
+    pub in_progress_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub finalizing_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub completed_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub failed_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub expired_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub cancelling_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub cancelled_at: Option<UnixSeconds>,
+    #[serde(default)]
+    pub request_counts: RequestCounts,
+    #[serde(default)]
+    pub usage: Usage,
+    #[serde(default)]
+    pub output_file_id: Option<FileId>,
+    #[serde(default)]
+    pub error_file_id: Option<FileId>,
+    /// The validation errors of a failed batch.
+    #[serde(default)]
+    pub errors: Vec<BatchError>,
+}
+
+impl BatchState {
+    /// A batch that passed validation and waits for its lines to run.
+    pub fn in_progress(now: UnixSeconds, total: u64) -> Self {
+        Self {
+            in_progress_at: Some(now),
+            request_counts: RequestCounts {
+                total,
+                completed: 0,
+                failed: 0,
+            },
+            ..Self::empty(Status::InProgress)
+        }
+    }
+
+    /// A batch whose input was refused.
+    pub fn failed(now: UnixSeconds, errors: Vec<BatchError>) -> Self {
+        Self {
+            failed_at: Some(now),
+            errors,
+            ..Self::empty(Status::Failed)
+        }
+    }
+
+    fn empty(status: Status) -> Self {
+        Self {
+            status,
+            in_progress_at: None,
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            request_counts: RequestCounts::default(),
+            usage: Usage::default(),
+            output_file_id: None,
+            error_file_id: None,
+            errors: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub spec: BatchSpec,
+    pub state: BatchState,
+}
