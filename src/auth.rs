@@ -91,32 +91,21 @@ impl Projects {
 
     /// Decides who sent `x-project-id` and `x-api-key`. A missing (or empty) header is
     /// 401; anything else that does not match an active key of that project is 403.
-    pub fn authenticate(
-        &self,
-        project_header: Option<&str>,
-        key_header: Option<&str>,
-    ) -> Result<&Project, AuthError> {
-        let (Some(project), Some(key)) = (
-            project_header.filter(|v| !v.trim().is_empty()),
-            key_header.filter(|v| !v.is_empty()),
-        ) else {
+    pub fn authenticate(&self, project_header: Option<&str>, key_header: Option<&str>) -> Result<&Project, AuthError> {
+        let (Some(project), Some(key)) =
+            (project_header.filter(|v| !v.trim().is_empty()), key_header.filter(|v| !v.is_empty()))
+        else {
             return Err(AuthError::MissingHeaders);
         };
         let presented = sha256(key);
-        let project = ProjectId::parse(project)
-            .and_then(|id| self.by_id.get(&id))
-            .ok_or(AuthError::InvalidCredentials)?;
+        let project =
+            ProjectId::parse(project).and_then(|id| self.by_id.get(&id)).ok_or(AuthError::InvalidCredentials)?;
         // Look at every key, so timing does not tell how many were tried.
         let mut matched = subtle::Choice::from(0);
         for stored in &project.keys {
-            matched |=
-                stored.digest.ct_eq(&presented) & subtle::Choice::from(u8::from(stored.active));
+            matched |= stored.digest.ct_eq(&presented) & subtle::Choice::from(u8::from(stored.active));
         }
-        if bool::from(matched) {
-            Ok(project)
-        } else {
-            Err(AuthError::InvalidCredentials)
-        }
+        if bool::from(matched) { Ok(project) } else { Err(AuthError::InvalidCredentials) }
     }
 }
 
@@ -157,36 +146,16 @@ mod tests {
     #[test]
     fn plain_and_hashed_keys_authenticate_their_project() {
         let projects = projects();
-        assert_eq!(
-            projects
-                .authenticate(Some(PROJECT), Some("plain-key"))
-                .unwrap()
-                .id
-                .as_str(),
-            PROJECT
-        );
-        assert!(
-            projects
-                .authenticate(Some(&PROJECT.to_uppercase()), Some("hashed-key"))
-                .is_ok()
-        );
+        assert_eq!(projects.authenticate(Some(PROJECT), Some("plain-key")).unwrap().id.as_str(), PROJECT);
+        assert!(projects.authenticate(Some(&PROJECT.to_uppercase()), Some("hashed-key")).is_ok());
     }
 
     #[test]
     fn missing_headers_are_401_and_wrong_ones_403() {
         let projects = projects();
-        assert_eq!(
-            projects.authenticate(None, Some("plain-key")).unwrap_err(),
-            AuthError::MissingHeaders
-        );
-        assert_eq!(
-            projects.authenticate(Some(PROJECT), None).unwrap_err(),
-            AuthError::MissingHeaders
-        );
-        assert_eq!(
-            projects.authenticate(Some(PROJECT), Some("")).unwrap_err(),
-            AuthError::MissingHeaders
-        );
+        assert_eq!(projects.authenticate(None, Some("plain-key")).unwrap_err(), AuthError::MissingHeaders);
+        assert_eq!(projects.authenticate(Some(PROJECT), None).unwrap_err(), AuthError::MissingHeaders);
+        assert_eq!(projects.authenticate(Some(PROJECT), Some("")).unwrap_err(), AuthError::MissingHeaders);
         for (project, key) in [
             (PROJECT, "wrong"),
             (PROJECT, "retired-key"),

@@ -10,11 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::Config;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "nightshift",
-    version,
-    about = "Self-hosted, OpenAI-compatible Batch and Files API"
-)]
+#[command(name = "nightshift", version, about = "Self-hosted, OpenAI-compatible Batch and Files API")]
 pub struct Cli {
     #[command(subcommand)]
     pub role: Role,
@@ -60,10 +56,7 @@ impl ServeArgs {
 impl Cli {
     pub fn run(self) -> ExitCode {
         crate::telemetry::init();
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-        {
+        let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
             Ok(runtime) => runtime,
             Err(error) => {
                 eprintln!("nightshift: cannot start the async runtime: {error}");

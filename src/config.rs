@@ -58,10 +58,7 @@ pub struct StorageConfig {
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        Self {
-            dir: Some(PathBuf::from("./nightshift-data")),
-            s3: None,
-        }
+        Self { dir: Some(PathBuf::from("./nightshift-data")), s3: None }
     }
 }
 
@@ -163,10 +160,7 @@ fn default_shard_lines() -> u32 {
 
 impl Default for BatchesConfig {
     fn default() -> Self {
-        Self {
-            completion_window: default_window(),
-            shard_lines: default_shard_lines(),
-        }
+        Self { completion_window: default_window(), shard_lines: default_shard_lines() }
     }
 }
 
@@ -174,16 +168,10 @@ impl Default for BatchesConfig {
 #[serde(deny_unknown_fields)]
 pub struct FilesConfig {
     /// How long an upload is kept (OpenAI and the spec: 30 days).
-    #[serde(
-        default = "default_retention",
-        deserialize_with = "duration::deserialize"
-    )]
+    #[serde(default = "default_retention", deserialize_with = "duration::deserialize")]
     pub retention: Duration,
     /// How often expired and deleted files are swept from storage.
-    #[serde(
-        default = "default_gc_interval",
-        deserialize_with = "duration::deserialize"
-    )]
+    #[serde(default = "default_gc_interval", deserialize_with = "duration::deserialize")]
     pub gc_interval: Duration,
 }
 
@@ -196,40 +184,26 @@ fn default_gc_interval() -> Duration {
 
 impl Default for FilesConfig {
     fn default() -> Self {
-        Self {
-            retention: default_retention(),
-            gc_interval: default_gc_interval(),
-        }
+        Self { retention: default_retention(), gc_interval: default_gc_interval() }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a valid configuration: {source}")]
-    Parse {
-        path: PathBuf,
-        source: serde_yaml::Error,
-    },
+    Parse { path: PathBuf, source: serde_yaml::Error },
     #[error("{0}")]
     Invalid(String),
 }
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::from_yaml(&text).map_err(|error| match error {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
-                path: path.to_owned(),
-                source,
-            },
+            ConfigError::Parse { source, .. } => ConfigError::Parse { path: path.to_owned(), source },
             other => other,
         })
     }
@@ -239,10 +213,7 @@ impl Config {
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-                path: PathBuf::new(),
-                source,
-            })?
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: PathBuf::new(), source })?
         };
         config.check()?;
         Ok(config)
@@ -264,13 +235,9 @@ impl Config {
             for key in &project.api_keys {
                 match (&key.plain, &key.sha256) {
                     (Some(plain), None) if !plain.is_empty() => {}
-                    (None, Some(hash))
-                        if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+                    (None, Some(hash)) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
                     (None, Some(_)) => {
-                        return invalid(format!(
-                            "project {}: sha256 keys are 64 hex digits",
-                            project.id
-                        ));
+                        return invalid(format!("project {}: sha256 keys are 64 hex digits", project.id));
                     }
                     _ => {
                         return invalid(format!(
@@ -289,10 +256,7 @@ impl Config {
         }
         for upstream in &self.upstreams {
             if upstream.max_concurrency == 0 {
-                return invalid(format!(
-                    "upstream {}: max_concurrency must be at least 1",
-                    upstream.name
-                ));
+                return invalid(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
             }
         }
         Ok(())
@@ -328,10 +292,7 @@ batches:
         )
         .unwrap();
         assert_eq!(config.projects[0].quota.unwrap().tokens, 1_000_000);
-        assert_eq!(
-            config.batches.completion_window,
-            Duration::from_secs(86_400)
-        );
+        assert_eq!(config.batches.completion_window, Duration::from_secs(86_400));
         assert_eq!(config.upstreams[0].max_concurrency, 64);
     }
 
@@ -344,10 +305,7 @@ batches:
 
     #[test]
     fn mistakes_are_reported_not_ignored() {
-        assert!(
-            Config::from_yaml("listn: 1.2.3.4:5").is_err(),
-            "unknown keys are rejected"
-        );
+        assert!(Config::from_yaml("listn: 1.2.3.4:5").is_err(), "unknown keys are rejected");
         let two_kinds = "projects: [{id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11, api_keys: [{plain: a, sha256: b}]}]";
         assert!(Config::from_yaml(two_kinds).is_err());
         let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";

@@ -21,11 +21,7 @@ impl DevCredentials {
         ProjectConfig {
             id: self.project_id.clone(),
             name: Some("dev".to_owned()),
-            api_keys: vec![ApiKeyConfig {
-                plain: Some(self.api_key.clone()),
-                sha256: None,
-                active: true,
-            }],
+            api_keys: vec![ApiKeyConfig { plain: Some(self.api_key.clone()), sha256: None, active: true }],
             quota: None,
         }
     }
@@ -38,8 +34,9 @@ fn key() -> Key {
 /// The stored dev credentials, made on first use.
 pub async fn load_or_create(store: &dyn ObjectStore) -> Result<DevCredentials, StorageError> {
     match store.get(&key()).await {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| StorageError::Backend(format!("dev/credentials.json: {e}"))),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).map_err(|e| StorageError::Backend(format!("dev/credentials.json: {e}")))
+        }
         Err(StorageError::NotFound(_)) => {
             let secret: [u8; 24] = rand::random();
             let credentials = DevCredentials {

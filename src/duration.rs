@@ -40,9 +40,7 @@ pub fn parse(raw: &str) -> Option<Duration> {
 /// `#[serde(deserialize_with = "duration::deserialize")]`
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let raw = String::deserialize(deserializer)?;
-    parse(&raw).ok_or_else(|| {
-        serde::de::Error::custom(format!("{raw:?} is not a duration like 24h, 30m or 10s"))
-    })
+    parse(&raw).ok_or_else(|| serde::de::Error::custom(format!("{raw:?} is not a duration like 24h, 30m or 10s")))
 }
 
 #[cfg(test)]

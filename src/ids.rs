@@ -13,9 +13,7 @@ use ulid::{Generator, Ulid};
 static GENERATOR: LazyLock<Mutex<Generator>> = LazyLock::new(|| Mutex::new(Generator::new()));
 
 fn next_ulid() -> Ulid {
-    let mut generator = GENERATOR
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut generator = GENERATOR.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     // The monotonic generator only fails when 2^80 ids are made in one millisecond.
     generator.generate().unwrap_or_else(|_| Ulid::new())
 }
@@ -23,11 +21,7 @@ fn next_ulid() -> Ulid {
 /// The characters an id may hold after its prefix: ids become storage keys, so no
 /// separators, dots or anything a path or URL would treat specially.
 fn is_id_body(body: &str) -> bool {
-    !body.is_empty()
-        && body.len() <= 100
-        && body
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !body.is_empty() && body.len() <= 100 && body.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 macro_rules! prefixed_id {
@@ -84,9 +78,7 @@ const LEGACY_FILE_PREFIX: &str = "file_";
 impl FileId {
     /// Accepts `file-…` and the legacy `file_…` spelling; anything else is no file id.
     pub fn parse(raw: &str) -> Option<Self> {
-        let body = raw
-            .strip_prefix(Self::PREFIX)
-            .or_else(|| raw.strip_prefix(LEGACY_FILE_PREFIX))?;
+        let body = raw.strip_prefix(Self::PREFIX).or_else(|| raw.strip_prefix(LEGACY_FILE_PREFIX))?;
         is_id_body(body).then(|| Self(raw.to_owned()))
     }
 
@@ -95,11 +87,7 @@ impl FileId {
     pub fn other_spelling(&self) -> Self {
         match self.0.strip_prefix(Self::PREFIX) {
             Some(body) => Self(format!("{LEGACY_FILE_PREFIX}{body}")),
-            None => Self(format!(
-                "{}{}",
-                Self::PREFIX,
-                &self.0[LEGACY_FILE_PREFIX.len()..]
-            )),
+            None => Self(format!("{}{}", Self::PREFIX, &self.0[LEGACY_FILE_PREFIX.len()..])),
         }
     }
 }
@@ -125,9 +113,7 @@ pub struct ProjectId(String);
 
 impl ProjectId {
     pub fn parse(raw: &str) -> Option<Self> {
-        uuid::Uuid::parse_str(raw.trim())
-            .ok()
-            .map(|uuid| Self(uuid.hyphenated().to_string()))
+        uuid::Uuid::parse_str(raw.trim()).ok().map(|uuid| Self(uuid.hyphenated().to_string()))
     }
 
     pub fn generate() -> Self {
@@ -175,9 +161,7 @@ mod tests {
     fn file_ids_accept_both_spellings_and_nothing_else() {
         assert!(FileId::parse("file-01HZX").is_some());
         assert!(FileId::parse("file_01HZX").is_some());
-        for bad in [
-            "", "file-", "file_", "batch_1", "file-a/b", "file-..", "file-a b", "FILE-1",
-        ] {
+        for bad in ["", "file-", "file_", "batch_1", "file-a/b", "file-..", "file-a b", "FILE-1"] {
             assert!(FileId::parse(bad).is_none(), "{bad:?} parsed");
         }
         let id = FileId::parse("file-ABC").unwrap();

@@ -14,9 +14,7 @@ use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store};
 
 pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
     if let Some(s3) = &config.s3 {
-        let env = |name: &str| {
-            std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"))
-        };
+        let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
         return Ok(Arc::new(S3Store::new(S3Settings {
             bucket: s3.bucket.clone(),
             endpoint: s3.endpoint.clone(),
@@ -29,9 +27,7 @@ pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn Object
         })));
     }
     let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;
-    let store = DirStore::open(dir)
-        .await
-        .with_context(|| format!("cannot use {} for storage", dir.display()))?;
+    let store = DirStore::open(dir).await.with_context(|| format!("cannot use {} for storage", dir.display()))?;
     Ok(Arc::new(store))
 }
 
@@ -39,18 +35,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config.storage).await?;
     let mut project_configs = config.projects.clone();
     if project_configs.is_empty() {
-        let dev = crate::dev::load_or_create(store.as_ref())
-            .await
-            .context("cannot set up the dev project")?;
+        let dev = crate::dev::load_or_create(store.as_ref()).await.context("cannot set up the dev project")?;
         println!("No projects configured: using the dev project.");
         println!("  x-project-id: {}", dev.project_id);
         println!("  x-api-key:    {}", dev.api_key);
         project_configs.push(dev.project());
     }
     let files = FileCatalog::new(store.clone(), config.files.retention);
-    let batches = EmbeddedBatchStore::open(store.clone())
-        .await
-        .context("cannot load the batch store")?;
+    let batches = EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?;
     let state = AppState {
         projects: Arc::new(Projects::from_config(&project_configs)),
         files: files.clone(),
@@ -69,9 +61,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Tests and scripts read this line to find the port when listening on port 0.
     println!("Nightshift listening on http://{address}");
     tracing::info!(%address, "serving");
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
     gc.abort();
     Ok(())
 }
@@ -80,9 +70,8 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("a SIGTERM handler can be installed");
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler can be installed");
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

@@ -20,11 +20,7 @@ fn line(custom_id: &str) -> String {
 }
 
 fn jsonl(lines: &[String]) -> Vec<u8> {
-    lines
-        .iter()
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        .into_bytes()
+    lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes()
 }
 
 async fn app() -> (Backend, TestApp) {
@@ -33,18 +29,11 @@ async fn app() -> (Backend, TestApp) {
 }
 
 async fn upload(app: &TestApp, content: &[u8]) -> String {
-    app.upload("input.jsonl", content).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    app.upload("input.jsonl", content).await["id"].as_str().unwrap().to_owned()
 }
 
 async fn create(app: &TestApp, file_id: &str) -> common::Answer {
-    app.post_json(
-        "/v1/batches",
-        json!({"input_file_id": file_id, "endpoint": URL, "completion_window": "24h"}),
-    )
-    .await
+    app.post_json("/v1/batches", json!({"input_file_id": file_id, "endpoint": URL, "completion_window": "24h"})).await
 }
 
 fn as_other(method: &str, uri: &str) -> Request<Body> {
@@ -62,18 +51,9 @@ async fn a_valid_input_creates_an_in_progress_batch_with_every_field() {
     let (_b, app) = app().await;
     let file = upload(&app, &jsonl(&[line("a"), line("b"), line("c"), line("d")])).await;
     let metadata = json!({"job": "nightly", "nested": {"k": [1, null]}, "ü": "✓"});
-    let answer = app
-        .post_json(
-            "/v1/batches",
-            json!({"input_file_id": file, "endpoint": URL, "metadata": metadata}),
-        )
-        .await;
-    assert_eq!(
-        answer.status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
+    let answer =
+        app.post_json("/v1/batches", json!({"input_file_id": file, "endpoint": URL, "metadata": metadata})).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer.body));
     let batch = answer.json();
     assert!(batch["id"].as_str().unwrap().starts_with("batch_"));
     assert_eq!(batch["object"], "batch");
@@ -87,31 +67,16 @@ async fn a_valid_input_creates_an_in_progress_batch_with_every_field() {
     let created = batch["created_at"].as_i64().unwrap();
     assert!(batch["in_progress_at"].as_i64().unwrap() >= created);
     assert_eq!(batch["expires_at"].as_i64().unwrap(), created + 86_400);
-    for field in [
-        "finalizing_at",
-        "completed_at",
-        "failed_at",
-        "expired_at",
-        "cancelling_at",
-        "cancelled_at",
-    ] {
+    for field in ["finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"] {
         assert_eq!(batch[field], Value::Null, "{field}");
     }
-    assert_eq!(
-        batch["request_counts"],
-        json!({"total": 4, "completed": 0, "failed": 0})
-    );
+    assert_eq!(batch["request_counts"], json!({"total": 4, "completed": 0, "failed": 0}));
     assert_eq!(batch["metadata"], metadata, "metadata is echoed unchanged");
     assert_eq!(batch["usage"]["total_tokens"], 0);
 
     // The shard plan is persisted with the batch: 4 requests at 3 per shard.
     let id = BatchId::parse(batch["id"].as_str().unwrap()).unwrap();
-    let stored = app
-        .batches
-        .get(&ProjectId::parse(common::PROJECT).unwrap(), &id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = app.batches.get(&ProjectId::parse(common::PROJECT).unwrap(), &id).await.unwrap().unwrap();
     let shards: Vec<u64> = stored.spec.plan.shards.iter().map(|s| s.requests).collect();
     assert_eq!(shards, [3, 1]);
 }
@@ -120,13 +85,7 @@ async fn a_valid_input_creates_an_in_progress_batch_with_every_field() {
 async fn omitted_metadata_is_an_empty_object_and_omitted_window_is_24h() {
     let (_b, app) = app().await;
     let file = upload(&app, &jsonl(&[line("a")])).await;
-    let batch = app
-        .post_json(
-            "/v1/batches",
-            json!({"input_file_id": file, "endpoint": URL}),
-        )
-        .await
-        .json();
+    let batch = app.post_json("/v1/batches", json!({"input_file_id": file, "endpoint": URL})).await.json();
     assert_eq!(batch["metadata"], json!({}));
     assert_eq!(batch["completion_window"], "24h");
 }
@@ -136,26 +95,10 @@ async fn request_checks_answer_400_with_the_specs_messages() {
     let (_b, app) = app().await;
     let file = upload(&app, &jsonl(&[line("a")])).await;
     let cases = [
-        (
-            json!({"endpoint": URL}),
-            "input_file_id is required",
-            "input_file_id",
-        ),
-        (
-            json!({"input_file_id": 42, "endpoint": URL}),
-            "input_file_id is required",
-            "input_file_id",
-        ),
-        (
-            json!({"input_file_id": file}),
-            "endpoint is required",
-            "endpoint",
-        ),
-        (
-            json!({"input_file_id": file, "endpoint": ["x"]}),
-            "endpoint is required",
-            "endpoint",
-        ),
+        (json!({"endpoint": URL}), "input_file_id is required", "input_file_id"),
+        (json!({"input_file_id": 42, "endpoint": URL}), "input_file_id is required", "input_file_id"),
+        (json!({"input_file_id": file}), "endpoint is required", "endpoint"),
+        (json!({"input_file_id": file, "endpoint": ["x"]}), "endpoint is required", "endpoint"),
         (
             json!({"input_file_id": file, "endpoint": URL, "completion_window": "1h"}),
             "completion_window must be \"24h\"",
@@ -168,58 +111,38 @@ async fn request_checks_answer_400_with_the_specs_messages() {
         ),
     ];
     for (body, message, param) in cases {
-        let error = app
-            .post_json("/v1/batches", body)
-            .await
-            .error(StatusCode::BAD_REQUEST, "invalid_request_error");
+        let error = app.post_json("/v1/batches", body).await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
         assert_eq!(error["message"], message);
         assert_eq!(error["param"], param);
         assert_eq!(error["type"], "invalid_request_error");
     }
-    assert_eq!(
-        app.get("/v1/batches").await.json()["data"],
-        json!([]),
-        "request errors persist nothing"
-    );
+    assert_eq!(app.get("/v1/batches").await.json()["data"], json!([]), "request errors persist nothing");
 }
 
 #[tokio::test]
 async fn bodies_that_are_not_json_get_the_envelope() {
     let (_b, app) = app().await;
     let request = |content_type: &str, body: &'static str| {
-        TestApp::request("POST", "/v1/batches")
-            .header("content-type", content_type)
-            .body(Body::from(body))
-            .unwrap()
+        TestApp::request("POST", "/v1/batches").header("content-type", content_type).body(Body::from(body)).unwrap()
     };
-    app.send(request("application/json", "{\"input_file_id\": "))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_json");
-    app.send(request("text/plain", "{}"))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_content_type");
-    let error = app
-        .send(request("application/json", "[1,2]"))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_request_error");
+    app.send(request("application/json", "{\"input_file_id\": ")).await.error(StatusCode::BAD_REQUEST, "invalid_json");
+    app.send(request("text/plain", "{}")).await.error(StatusCode::BAD_REQUEST, "invalid_content_type");
+    let error =
+        app.send(request("application/json", "[1,2]")).await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
     assert_eq!(error["param"], "body");
     let huge = "x".repeat(3 * 1024 * 1024);
     let request = TestApp::request("POST", "/v1/batches")
         .header("content-type", "application/json")
         .body(Body::from(format!("{{\"metadata\": \"{huge}\"}}")))
         .unwrap();
-    app.send(request)
-        .await
-        .error(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large");
+    app.send(request).await.error(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large");
 }
 
 #[tokio::test]
 async fn unknown_and_other_projects_input_files_are_404() {
     let (_b, app) = app().await;
     for id in ["file-01ARZ3NDEKTSV4RRFFQ69G5FAV", "nonsense", "../etc"] {
-        let error = create(&app, id)
-            .await
-            .error(StatusCode::NOT_FOUND, "file_not_found");
+        let error = create(&app, id).await.error(StatusCode::NOT_FOUND, "file_not_found");
         assert_eq!(error["message"], format!("Input file not found: {id}"));
         assert_eq!(error["param"], "input_file_id");
     }
@@ -230,20 +153,13 @@ async fn unknown_and_other_projects_input_files_are_404() {
         .header("x-project-id", OTHER_PROJECT)
         .header("x-api-key", OTHER_KEY)
         .header("content-type", "application/json")
-        .body(Body::from(
-            json!({"input_file_id": file, "endpoint": URL}).to_string(),
-        ))
+        .body(Body::from(json!({"input_file_id": file, "endpoint": URL}).to_string()))
         .unwrap();
-    let error = app
-        .send(request)
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
+    let error = app.send(request).await.error(StatusCode::NOT_FOUND, "file_not_found");
     assert_eq!(error["message"], format!("Input file not found: {file}"));
     // A deleted input is not found either.
     app.delete(&format!("/v1/files/{file}")).await;
-    create(&app, &file)
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
+    create(&app, &file).await.error(StatusCode::NOT_FOUND, "file_not_found");
 }
 
 #[tokio::test]
@@ -252,13 +168,8 @@ async fn an_input_whose_bytes_are_gone_is_404_object_missing() {
     let file = upload(&app, &jsonl(&[line("a")])).await;
     let data = Key::parse(&format!("file-data/{}/{file}", common::PROJECT)).unwrap();
     app.store.delete(&data).await.unwrap();
-    let error = create(&app, &file)
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    assert_eq!(
-        error["message"],
-        format!("Input file object missing: {file}")
-    );
+    let error = create(&app, &file).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    assert_eq!(error["message"], format!("Input file object missing: {file}"));
 }
 
 #[tokio::test]
@@ -281,31 +192,38 @@ async fn every_validation_message_comes_back_with_its_line_over_http() {
         (jsonl(&[line("a"), line("b"), line("a")]), "Line 3 duplicates custom_id \"a\"".into(), Some(3)),
         (jsonl(&[line("a"), with("method", json!("GET"))]), "Line 2 method must be \"POST\"".into(), Some(2)),
         (jsonl(&[line("a"), with("url", Value::Null)]), "Line 2 is missing url".into(), Some(2)),
-        (jsonl(&[with("url", json!("/v1/embeddings"))]), "Line 1 url \"/v1/embeddings\" is not an allowed batch endpoint".into(), Some(1)),
-        (jsonl(&[line("a"), with("url", json!("/v1/responses"))]), "Line 2 url \"/v1/responses\" does not match the batch endpoint \"/v1/chat/completions\"".into(), Some(2)),
+        (
+            jsonl(&[with("url", json!("/v1/embeddings"))]),
+            "Line 1 url \"/v1/embeddings\" is not an allowed batch endpoint".into(),
+            Some(1),
+        ),
+        (
+            jsonl(&[line("a"), with("url", json!("/v1/responses"))]),
+            "Line 2 url \"/v1/responses\" does not match the batch endpoint \"/v1/chat/completions\"".into(),
+            Some(2),
+        ),
         (jsonl(&[line("a"), with("body", json!({}))]), "Line 2 is missing body".into(), Some(2)),
-        (jsonl(&[line("a"), with("body", json!({"model": "m", "stream": true}))]), "Line 2 has stream=true; streaming is not supported in batch mode".into(), Some(2)),
-        (jsonl(&[line("a"), format!("{{\"custom_id\":\"{}\"}}", "x".repeat(1024 * 1024))]), "Line 2 exceeds maximum size of 1048576 bytes".into(), Some(2)),
+        (
+            jsonl(&[line("a"), with("body", json!({"model": "m", "stream": true}))]),
+            "Line 2 has stream=true; streaming is not supported in batch mode".into(),
+            Some(2),
+        ),
+        (
+            jsonl(&[line("a"), format!("{{\"custom_id\":\"{}\"}}", "x".repeat(1024 * 1024))]),
+            "Line 2 exceeds maximum size of 1048576 bytes".into(),
+            Some(2),
+        ),
     ];
     for (content, message, line_number) in cases {
         let file = upload(&app, &content).await;
         let answer = create(&app, &file).await;
         let error = answer.error(StatusCode::BAD_REQUEST, "invalid_request_error");
         assert_eq!(error["message"], message.as_str());
-        assert_eq!(
-            error.get("line").and_then(Value::as_u64),
-            line_number,
-            "{message}"
-        );
+        assert_eq!(error.get("line").and_then(Value::as_u64), line_number, "{message}");
     }
     // The endpoint of the request against the file's url.
     let file = upload(&app, &jsonl(&[line("a")])).await;
-    let answer = app
-        .post_json(
-            "/v1/batches",
-            json!({"input_file_id": file, "endpoint": "/v1/embeddings"}),
-        )
-        .await;
+    let answer = app.post_json("/v1/batches", json!({"input_file_id": file, "endpoint": "/v1/embeddings"})).await;
     let error = answer.error(StatusCode::BAD_REQUEST, "invalid_request_error");
     assert_eq!(
         error["message"],
@@ -322,27 +240,15 @@ async fn inputs_over_200_mb_are_refused_without_reading_them() {
     let meta = Key::parse(&format!("file-meta/{}/{file}.json", common::PROJECT)).unwrap();
     let mut record: Value = serde_json::from_slice(&app.store.get(&meta).await.unwrap()).unwrap();
     record["bytes"] = json!(209_715_201u64);
-    app.store
-        .put(&meta, serde_json::to_vec(&record).unwrap().into())
-        .await
-        .unwrap();
-    let error = create(&app, &file)
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_request_error");
-    assert_eq!(
-        error["message"],
-        "Input file exceeds maximum size of 209715200 bytes"
-    );
+    app.store.put(&meta, serde_json::to_vec(&record).unwrap().into()).await.unwrap();
+    let error = create(&app, &file).await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_eq!(error["message"], "Input file exceeds maximum size of 209715200 bytes");
 }
 
 #[tokio::test]
 async fn a_failed_validation_is_persisted_retrievable_and_listed() {
     let (_b, app) = app().await;
-    let file = upload(
-        &app,
-        &jsonl(&[line("a"), line("b"), line("c"), line("d"), line("a")]),
-    )
-    .await;
+    let file = upload(&app, &jsonl(&[line("a"), line("b"), line("c"), line("d"), line("a")])).await;
     let answer = create(&app, &file).await;
     let error = answer.error(StatusCode::BAD_REQUEST, "invalid_request_error");
     assert_eq!(error["message"], "Line 5 duplicates custom_id \"a\"");
@@ -358,10 +264,7 @@ async fn a_failed_validation_is_persisted_retrievable_and_listed() {
         failed["errors"],
         json!({"object": "list", "data": [{"code": "invalid_request_error", "message": "Line 5 duplicates custom_id \"a\"", "line": 5, "param": null}]})
     );
-    let retrieved = app
-        .get(&format!("/v1/batches/{}", failed["id"].as_str().unwrap()))
-        .await
-        .json();
+    let retrieved = app.get(&format!("/v1/batches/{}", failed["id"].as_str().unwrap())).await.json();
     assert_eq!(&retrieved, failed);
 }
 
@@ -369,31 +272,18 @@ async fn a_failed_validation_is_persisted_retrievable_and_listed() {
 async fn retrieve_of_unknown_malformed_or_other_projects_batches_is_404() {
     let (_b, app) = app().await;
     let file = upload(&app, &jsonl(&[line("a")])).await;
-    let id = create(&app, &file).await.json()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create(&app, &file).await.json()["id"].as_str().unwrap().to_owned();
     assert_eq!(app.get(&format!("/v1/batches/{id}")).await.json()["id"], id);
-    for uri in [
-        "/v1/batches/batch_01ARZ3NDEKTSV4RRFFQ69G5FAV",
-        "/v1/batches/nonsense",
-        "/v1/batches/file-123",
-    ] {
-        app.get(uri)
-            .await
-            .error(StatusCode::NOT_FOUND, "batch_not_found");
+    for uri in ["/v1/batches/batch_01ARZ3NDEKTSV4RRFFQ69G5FAV", "/v1/batches/nonsense", "/v1/batches/file-123"] {
+        app.get(uri).await.error(StatusCode::NOT_FOUND, "batch_not_found");
     }
-    app.send(as_other("GET", &format!("/v1/batches/{id}")))
-        .await
-        .error(StatusCode::NOT_FOUND, "batch_not_found");
+    app.send(as_other("GET", &format!("/v1/batches/{id}"))).await.error(StatusCode::NOT_FOUND, "batch_not_found");
     app.send(as_other("POST", &format!("/v1/batches/{id}/cancel")))
         .await
         .error(StatusCode::NOT_FOUND, "batch_not_found");
     let theirs = app.send(as_other("GET", "/v1/batches")).await.json();
     assert_eq!(theirs["data"], json!([]));
-    app.get("/v1/batches/")
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_request_error");
+    app.get("/v1/batches/").await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
 }
 
 #[tokio::test]
@@ -402,12 +292,7 @@ async fn list_is_newest_first_with_clamped_limits_and_cursors() {
     let file = upload(&app, &jsonl(&[line("a")])).await;
     let mut ids = Vec::new();
     for _ in 0..25 {
-        ids.push(
-            create(&app, &file).await.json()["id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        ids.push(create(&app, &file).await.json()["id"].as_str().unwrap().to_owned());
     }
     ids.reverse();
     let page = app.get("/v1/batches").await.json();
@@ -415,63 +300,23 @@ async fn list_is_newest_first_with_clamped_limits_and_cursors() {
     assert_eq!(page["first_id"], ids[0]);
     assert_eq!(page["last_id"], ids[19]);
     assert_eq!(page["has_more"], true);
-    let rest = app
-        .get(&format!("/v1/batches?after={}", ids[19]))
-        .await
-        .json();
-    let rest_ids: Vec<&str> = rest["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        rest_ids,
-        ids[20..].iter().map(String::as_str).collect::<Vec<_>>()
-    );
+    let rest = app.get(&format!("/v1/batches?after={}", ids[19])).await.json();
+    let rest_ids: Vec<&str> = rest["data"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
+    assert_eq!(rest_ids, ids[20..].iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(rest["has_more"], false);
-    assert_eq!(
-        app.get("/v1/batches?limit=0").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(
-        app.get("/v1/batches?limit=-3").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(
-        app.get("/v1/batches?limit=1000").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        25
-    );
-    app.get("/v1/batches?limit=ten")
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_limit");
-    let empty = app
-        .get(&format!("/v1/batches?after={}", ids[24]))
-        .await
-        .json();
-    assert_eq!(
-        empty,
-        json!({"object": "list", "data": [], "first_id": null, "last_id": null, "has_more": false})
-    );
+    assert_eq!(app.get("/v1/batches?limit=0").await.json()["data"].as_array().unwrap().len(), 1);
+    assert_eq!(app.get("/v1/batches?limit=-3").await.json()["data"].as_array().unwrap().len(), 1);
+    assert_eq!(app.get("/v1/batches?limit=1000").await.json()["data"].as_array().unwrap().len(), 25);
+    app.get("/v1/batches?limit=ten").await.error(StatusCode::BAD_REQUEST, "invalid_limit");
+    let empty = app.get(&format!("/v1/batches?after={}", ids[24])).await.json();
+    assert_eq!(empty, json!({"object": "list", "data": [], "first_id": null, "last_id": null, "has_more": false}));
 }
 
 #[tokio::test]
 async fn cancel_is_idempotent_and_409_once_terminal() {
     let (_b, app) = app().await;
     let file = upload(&app, &jsonl(&[line("a")])).await;
-    let id = create(&app, &file).await.json()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create(&app, &file).await.json()["id"].as_str().unwrap().to_owned();
     let first = app_cancel(&app, &id).await;
     assert_eq!(first.status, StatusCode::OK);
     let first = first.json();
@@ -483,34 +328,19 @@ async fn cancel_is_idempotent_and_409_once_terminal() {
     let bad = upload(&app, b"[1]\n").await;
     let failed = create(&app, &bad).await.json()["error"].clone();
     assert_eq!(failed["line"], 1);
-    let failed_id = app.get("/v1/batches?limit=1").await.json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let error = app_cancel(&app, &failed_id)
-        .await
-        .error(StatusCode::CONFLICT, "batch_not_cancellable");
-    assert_eq!(
-        error["message"],
-        format!("Cannot cancel batch {failed_id}: it is already failed")
-    );
+    let failed_id = app.get("/v1/batches?limit=1").await.json()["data"][0]["id"].as_str().unwrap().to_owned();
+    let error = app_cancel(&app, &failed_id).await.error(StatusCode::CONFLICT, "batch_not_cancellable");
+    assert_eq!(error["message"], format!("Cannot cancel batch {failed_id}: it is already failed"));
     assert_eq!(
         app.get(&format!("/v1/batches/{failed_id}")).await.json()["status"],
         "failed",
         "terminal states never change"
     );
-    app_cancel(&app, "batch_01ARZ3NDEKTSV4RRFFQ69G5FAV")
-        .await
-        .error(StatusCode::NOT_FOUND, "batch_not_found");
+    app_cancel(&app, "batch_01ARZ3NDEKTSV4RRFFQ69G5FAV").await.error(StatusCode::NOT_FOUND, "batch_not_found");
 }
 
 async fn app_cancel(app: &TestApp, id: &str) -> common::Answer {
-    app.send(
-        TestApp::request("POST", &format!("/v1/batches/{id}/cancel"))
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await
+    app.send(TestApp::request("POST", &format!("/v1/batches/{id}/cancel")).body(Body::empty()).unwrap()).await
 }
 
 #[tokio::test]
@@ -519,9 +349,6 @@ async fn batches_survive_a_restart_of_the_store() {
     let file = upload(&app, &jsonl(&[line("a"), line("b")])).await;
     let created = create(&app, &file).await.json();
     let reopened = TestApp::new(app.store.clone()).await;
-    let retrieved = reopened
-        .get(&format!("/v1/batches/{}", created["id"].as_str().unwrap()))
-        .await
-        .json();
+    let retrieved = reopened.get(&format!("/v1/batches/{}", created["id"].as_str().unwrap())).await.json();
     assert_eq!(retrieved, created);
 }

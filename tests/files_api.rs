@@ -36,10 +36,7 @@ async fn upload_answers_a_file_object_with_every_field() {
     assert_eq!(file["status"], "processed");
     let created = file["created_at"].as_i64().unwrap();
     assert_eq!(file["expires_at"].as_i64().unwrap(), created + 30 * 86_400);
-    assert!(
-        file.get("is_error").is_none(),
-        "is_error only appears on error files: {file}"
-    );
+    assert!(file.get("is_error").is_none(), "is_error only appears on error files: {file}");
 }
 
 #[tokio::test]
@@ -53,20 +50,11 @@ async fn upload_keeps_unicode_filenames_and_names_unnamed_files_after_their_id()
         b = common::multipart::BOUNDARY
     );
     let request = TestApp::request("POST", "/v1/files")
-        .header(
-            "content-type",
-            format!(
-                "multipart/form-data; boundary={}",
-                common::multipart::BOUNDARY
-            ),
-        )
+        .header("content-type", format!("multipart/form-data; boundary={}", common::multipart::BOUNDARY))
         .body(Body::from(body))
         .unwrap();
     let file = app.send(request).await.json();
-    assert_eq!(
-        file["filename"],
-        format!("{}.jsonl", file["id"].as_str().unwrap())
-    );
+    assert_eq!(file["filename"], format!("{}.jsonl", file["id"].as_str().unwrap()));
 }
 
 #[tokio::test]
@@ -76,15 +64,9 @@ async fn upload_that_is_not_multipart_is_invalid_content_type() {
         .header("content-type", "application/json")
         .body(Body::from("{\"purpose\":\"batch\"}"))
         .unwrap();
-    app.send(request)
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_content_type");
-    let request = TestApp::request("POST", "/v1/files")
-        .body(Body::from("x"))
-        .unwrap();
-    app.send(request)
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_content_type");
+    app.send(request).await.error(StatusCode::BAD_REQUEST, "invalid_content_type");
+    let request = TestApp::request("POST", "/v1/files").body(Body::from("x")).unwrap();
+    app.send(request).await.error(StatusCode::BAD_REQUEST, "invalid_content_type");
 }
 
 #[tokio::test]
@@ -97,95 +79,45 @@ async fn upload_with_a_broken_multipart_body_is_invalid_multipart() {
         b = common::multipart::BOUNDARY
     );
     for (content_type, body) in [
-        (
-            format!(
-                "multipart/form-data; boundary={}",
-                common::multipart::BOUNDARY
-            ),
-            truncated,
-        ),
-        (
-            "multipart/form-data".to_owned(),
-            "no boundary at all".to_owned(),
-        ),
-        (
-            format!(
-                "multipart/form-data; boundary={}",
-                common::multipart::BOUNDARY
-            ),
-            "garbage".to_owned(),
-        ),
+        (format!("multipart/form-data; boundary={}", common::multipart::BOUNDARY), truncated),
+        ("multipart/form-data".to_owned(), "no boundary at all".to_owned()),
+        (format!("multipart/form-data; boundary={}", common::multipart::BOUNDARY), "garbage".to_owned()),
     ] {
-        let request = TestApp::request("POST", "/v1/files")
-            .header("content-type", content_type)
-            .body(Body::from(body))
-            .unwrap();
-        app.send(request)
-            .await
-            .error(StatusCode::BAD_REQUEST, "invalid_multipart");
+        let request =
+            TestApp::request("POST", "/v1/files").header("content-type", content_type).body(Body::from(body)).unwrap();
+        app.send(request).await.error(StatusCode::BAD_REQUEST, "invalid_multipart");
     }
-    assert!(
-        app.store.list("file-").await.unwrap().is_empty(),
-        "nothing half-written is left"
-    );
+    assert!(app.store.list("file-").await.unwrap().is_empty(), "nothing half-written is left");
 }
 
 #[tokio::test]
 async fn upload_with_any_purpose_but_batch_is_invalid_purpose() {
     let (_b, app) = app().await;
     for purpose in ["fine-tune", "batch_output", "BATCH", ""] {
-        let answer = app
-            .send(upload(
-                Form::new()
-                    .text("purpose", purpose)
-                    .file("file", "a.jsonl", LINES),
-            ))
-            .await;
+        let answer = app.send(upload(Form::new().text("purpose", purpose).file("file", "a.jsonl", LINES))).await;
         let error = answer.error(StatusCode::BAD_REQUEST, "invalid_purpose");
         assert_eq!(error["param"], "purpose");
         assert_eq!(error["type"], "invalid_request_error");
     }
     // Also when the purpose comes after the file, or not at all.
-    let late = Form::new()
-        .file("file", "a.jsonl", LINES)
-        .text("purpose", "assistants");
-    app.send(upload(late))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_purpose");
+    let late = Form::new().file("file", "a.jsonl", LINES).text("purpose", "assistants");
+    app.send(upload(late)).await.error(StatusCode::BAD_REQUEST, "invalid_purpose");
     let none = Form::new().file("file", "a.jsonl", LINES);
-    app.send(upload(none))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_purpose");
-    assert!(
-        app.store.list("file-").await.unwrap().is_empty(),
-        "rejected uploads leave no bytes"
-    );
+    app.send(upload(none)).await.error(StatusCode::BAD_REQUEST, "invalid_purpose");
+    assert!(app.store.list("file-").await.unwrap().is_empty(), "rejected uploads leave no bytes");
 }
 
 #[tokio::test]
 async fn upload_without_a_file_part_is_missing_file() {
     let (_b, app) = app().await;
-    let answer = app
-        .send(upload(
-            Form::new().text("purpose", "batch").text("other", "x"),
-        ))
-        .await;
-    assert_eq!(
-        answer.error(StatusCode::BAD_REQUEST, "missing_file")["param"],
-        "file"
-    );
+    let answer = app.send(upload(Form::new().text("purpose", "batch").text("other", "x"))).await;
+    assert_eq!(answer.error(StatusCode::BAD_REQUEST, "missing_file")["param"], "file");
 }
 
 #[tokio::test]
 async fn upload_of_zero_bytes_is_empty_file() {
     let (_b, app) = app().await;
-    let answer = app
-        .send(upload(Form::new().text("purpose", "batch").file(
-            "file",
-            "empty.jsonl",
-            b"",
-        )))
-        .await;
+    let answer = app.send(upload(Form::new().text("purpose", "batch").file("file", "empty.jsonl", b""))).await;
     answer.error(StatusCode::BAD_REQUEST, "empty_file");
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }
@@ -193,13 +125,8 @@ async fn upload_of_zero_bytes_is_empty_file() {
 #[tokio::test]
 async fn upload_of_two_files_is_invalid_multipart() {
     let (_b, app) = app().await;
-    let form = Form::new()
-        .text("purpose", "batch")
-        .file("file", "a.jsonl", LINES)
-        .file("file", "b.jsonl", LINES);
-    app.send(upload(form))
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_multipart");
+    let form = Form::new().text("purpose", "batch").file("file", "a.jsonl", LINES).file("file", "b.jsonl", LINES);
+    app.send(upload(form)).await.error(StatusCode::BAD_REQUEST, "invalid_multipart");
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }
 
@@ -213,21 +140,11 @@ async fn upload_over_100_mb_is_413_file_too_large_and_leaves_nothing() {
     drop(exactly);
 
     let over = vec![b'x'; limit + 1];
-    let answer = app
-        .send(upload(Form::new().text("purpose", "batch").file(
-            "file",
-            "big.jsonl",
-            &over,
-        )))
-        .await;
+    let answer = app.send(upload(Form::new().text("purpose", "batch").file("file", "big.jsonl", &over))).await;
     let error = answer.error(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
     assert_eq!(error["type"], "invalid_request_error");
     let listed = app.get("/v1/files").await.json();
-    assert_eq!(
-        listed["data"].as_array().unwrap().len(),
-        1,
-        "only the file at the limit exists"
-    );
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "only the file at the limit exists");
     assert_eq!(app.store.list("file-data/").await.unwrap().len(), 1);
 }
 
@@ -235,19 +152,11 @@ async fn upload_over_100_mb_is_413_file_too_large_and_leaves_nothing() {
 async fn upload_declaring_a_huge_content_length_is_refused_up_front() {
     let (_b, app) = app().await;
     let request = TestApp::request("POST", "/v1/files")
-        .header(
-            "content-type",
-            format!(
-                "multipart/form-data; boundary={}",
-                common::multipart::BOUNDARY
-            ),
-        )
+        .header("content-type", format!("multipart/form-data; boundary={}", common::multipart::BOUNDARY))
         .header("content-length", (200u64 * 1024 * 1024).to_string())
         .body(Body::from("tiny"))
         .unwrap();
-    app.send(request)
-        .await
-        .error(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
+    app.send(request).await.error(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
 }
 
 #[tokio::test]
@@ -258,11 +167,7 @@ async fn list_rejects_limits_that_are_not_positive_integers() {
         let error = answer.error(StatusCode::BAD_REQUEST, "invalid_limit");
         assert_eq!(error["param"], "limit");
     }
-    assert_eq!(
-        app.get("/v1/files?limit=100000").await.status,
-        StatusCode::OK,
-        "large limits are clamped"
-    );
+    assert_eq!(app.get("/v1/files?limit=100000").await.status, StatusCode::OK, "large limits are clamped");
 }
 
 #[tokio::test]
@@ -270,69 +175,37 @@ async fn list_pages_newest_first_with_cursors_and_filters() {
     let (_b, app) = app().await;
     let mut ids = Vec::new();
     for n in 0..5 {
-        ids.push(
-            app.upload(&format!("{n}.jsonl"), LINES).await["id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        ids.push(app.upload(&format!("{n}.jsonl"), LINES).await["id"].as_str().unwrap().to_owned());
     }
     let page = app.get("/v1/files?limit=2").await.json();
     assert_eq!(page["object"], "list");
-    let names: Vec<_> = page["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let names: Vec<_> = page["data"].as_array().unwrap().iter().map(|f| f["id"].as_str().unwrap()).collect();
     assert_eq!(names, [ids[4].as_str(), ids[3].as_str()]);
     assert_eq!(page["first_id"], ids[4]);
     assert_eq!(page["last_id"], ids[3]);
     assert_eq!(page["has_more"], true);
 
-    let rest = app
-        .get(&format!("/v1/files?limit=10&after={}", ids[3]))
-        .await
-        .json();
-    let names: Vec<_> = rest["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let rest = app.get(&format!("/v1/files?limit=10&after={}", ids[3])).await.json();
+    let names: Vec<_> = rest["data"].as_array().unwrap().iter().map(|f| f["id"].as_str().unwrap()).collect();
     assert_eq!(names, [ids[2].as_str(), ids[1].as_str(), ids[0].as_str()]);
     assert_eq!(rest["has_more"], false);
 
-    let ascending = app
-        .get(&format!("/v1/files?order=asc&after={}", ids[1]))
-        .await
-        .json();
+    let ascending = app.get(&format!("/v1/files?order=asc&after={}", ids[1])).await.json();
     assert_eq!(ascending["data"][0]["id"], ids[2]);
     assert_eq!(ascending["data"].as_array().unwrap().len(), 3);
 
     let outputs = app.get("/v1/files?purpose=batch_output").await.json();
     assert_eq!(outputs["data"].as_array().unwrap().len(), 0);
     assert_eq!(outputs["first_id"], serde_json::Value::Null);
-    assert_eq!(
-        app.get("/v1/files?purpose=batch").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        5
-    );
-    app.get("/v1/files?order=sideways")
-        .await
-        .error(StatusCode::BAD_REQUEST, "invalid_order");
+    assert_eq!(app.get("/v1/files?purpose=batch").await.json()["data"].as_array().unwrap().len(), 5);
+    app.get("/v1/files?order=sideways").await.error(StatusCode::BAD_REQUEST, "invalid_order");
 }
 
 #[tokio::test]
 async fn retrieve_and_content_return_the_file_and_its_exact_bytes() {
     let (_b, app) = app().await;
     let content = "{\"custom_id\":\"ü\",\"x\":\"\u{1F600}\"}\n".repeat(1000);
-    let id = app.upload("u.jsonl", content.as_bytes()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = app.upload("u.jsonl", content.as_bytes()).await["id"].as_str().unwrap().to_owned();
     let file = app.get(&format!("/v1/files/{id}")).await;
     assert_eq!(file.status, StatusCode::OK);
     assert_eq!(file.json()["bytes"], content.len());
@@ -344,20 +217,14 @@ async fn retrieve_and_content_return_the_file_and_its_exact_bytes() {
 #[tokio::test]
 async fn unknown_malformed_and_other_projects_files_are_404_file_not_found() {
     let (_b, app) = app().await;
-    let id = app.upload("a.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = app.upload("a.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     for uri in [
         "/v1/files/file-01ARZ3NDEKTSV4RRFFQ69G5FAV".to_owned(),
         "/v1/files/not-a-file-id".to_owned(),
         "/v1/files/file-..%2F..%2Fetc".to_owned(),
         "/v1/files/file-01ARZ3NDEKTSV4RRFFQ69G5FAV/content".to_owned(),
     ] {
-        let error = app
-            .get(&uri)
-            .await
-            .error(StatusCode::NOT_FOUND, "file_not_found");
+        let error = app.get(&uri).await.error(StatusCode::NOT_FOUND, "file_not_found");
         assert_eq!(error["type"], "invalid_request_error");
     }
     for (method, uri) in [
@@ -372,9 +239,7 @@ async fn unknown_malformed_and_other_projects_files_are_404_file_not_found() {
             .header("x-api-key", OTHER_KEY)
             .body(Body::empty())
             .unwrap();
-        app.send(request)
-            .await
-            .error(StatusCode::NOT_FOUND, "file_not_found");
+        app.send(request).await.error(StatusCode::NOT_FOUND, "file_not_found");
     }
     let theirs = Request::builder()
         .uri("/v1/files")
@@ -382,82 +247,35 @@ async fn unknown_malformed_and_other_projects_files_are_404_file_not_found() {
         .header("x-api-key", OTHER_KEY)
         .body(Body::empty())
         .unwrap();
-    assert_eq!(
-        app.send(theirs).await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        0
-    );
-    assert_eq!(
-        app.get(&format!("/v1/files/{id}")).await.status,
-        StatusCode::OK,
-        "still there for its owner"
-    );
+    assert_eq!(app.send(theirs).await.json()["data"].as_array().unwrap().len(), 0);
+    assert_eq!(app.get(&format!("/v1/files/{id}")).await.status, StatusCode::OK, "still there for its owner");
 }
 
 #[tokio::test]
 async fn delete_answers_like_openai_and_the_file_is_gone_after() {
     let (_b, app) = app().await;
-    let id = app.upload("a.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = app.upload("a.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     let answer = app.delete(&format!("/v1/files/{id}")).await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(
-        answer.json(),
-        serde_json::json!({"id": id, "object": "file", "deleted": true})
-    );
-    app.get(&format!("/v1/files/{id}"))
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    app.get(&format!("/v1/files/{id}/content"))
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    app.delete(&format!("/v1/files/{id}"))
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    assert_eq!(
-        app.get("/v1/files").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        0
-    );
+    assert_eq!(answer.json(), serde_json::json!({"id": id, "object": "file", "deleted": true}));
+    app.get(&format!("/v1/files/{id}")).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    app.get(&format!("/v1/files/{id}/content")).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    app.delete(&format!("/v1/files/{id}")).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    assert_eq!(app.get("/v1/files").await.json()["data"].as_array().unwrap().len(), 0);
 }
 
 #[tokio::test]
 async fn garbage_collection_removes_deleted_and_expired_files_only() {
     let (_b, app) = app().await;
-    let kept = app.upload("kept.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let deleted = app.upload("deleted.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let kept = app.upload("kept.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
+    let deleted = app.upload("deleted.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     app.delete(&format!("/v1/files/{deleted}")).await;
-    assert_eq!(
-        app.store.list("file-data/").await.unwrap().len(),
-        2,
-        "deletion is soft until collected"
-    );
+    assert_eq!(app.store.list("file-data/").await.unwrap().len(), 2, "deletion is soft until collected");
 
-    assert_eq!(
-        app.files
-            .collect_garbage(nightshift::clock::now())
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(app.files.collect_garbage(nightshift::clock::now()).await.unwrap(), 1);
     assert_eq!(app.store.list("file-data/").await.unwrap().len(), 1);
     assert_eq!(app.store.list("file-meta/").await.unwrap().len(), 1);
-    assert_eq!(
-        app.get(&format!("/v1/files/{kept}")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(app.get(&format!("/v1/files/{kept}")).await.status, StatusCode::OK);
 
     // Thirty days and a second later, the kept file has expired too.
     let later = nightshift::clock::now() + 30 * 86_400 + 1;
@@ -468,28 +286,13 @@ async fn garbage_collection_removes_deleted_and_expired_files_only() {
 #[tokio::test]
 async fn expired_files_are_404_before_they_are_collected() {
     let (_b, app) = app().await;
-    let id = app.upload("a.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = app.upload("a.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     let key = app.store.list("file-meta/").await.unwrap().remove(0);
-    let mut record: serde_json::Value =
-        serde_json::from_slice(&app.store.get(&key).await.unwrap()).unwrap();
+    let mut record: serde_json::Value = serde_json::from_slice(&app.store.get(&key).await.unwrap()).unwrap();
     record["expires_at"] = serde_json::json!(nightshift::clock::now() - 1);
-    app.store
-        .put(&key, serde_json::to_vec(&record).unwrap().into())
-        .await
-        .unwrap();
-    app.get(&format!("/v1/files/{id}"))
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    assert_eq!(
-        app.get("/v1/files").await.json()["data"]
-            .as_array()
-            .unwrap()
-            .len(),
-        0
-    );
+    app.store.put(&key, serde_json::to_vec(&record).unwrap().into()).await.unwrap();
+    app.get(&format!("/v1/files/{id}")).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    assert_eq!(app.get("/v1/files").await.json()["data"].as_array().unwrap().len(), 0);
 }
 
 #[tokio::test]
@@ -502,37 +305,19 @@ async fn legacy_underscore_file_ids_stay_resolvable() {
         "filename": "old.jsonl", "purpose": "batch",
     });
     let meta_key = Key::parse(&format!("file-meta/{}/{legacy}.json", common::PROJECT)).unwrap();
-    app.store
-        .put(&meta_key, serde_json::to_vec(&meta).unwrap().into())
-        .await
-        .unwrap();
+    app.store.put(&meta_key, serde_json::to_vec(&meta).unwrap().into()).await.unwrap();
     let data_key = Key::parse(&format!("file-data/{}/{legacy}", common::PROJECT)).unwrap();
-    app.store
-        .put(&data_key, bytes::Bytes::from_static(b"abc"))
-        .await
-        .unwrap();
+    app.store.put(&data_key, bytes::Bytes::from_static(b"abc")).await.unwrap();
 
     let file = app.get(&format!("/v1/files/{legacy}")).await.json();
     assert_eq!(file["id"], legacy);
     assert!(file.get("expires_at").is_none());
-    assert_eq!(
-        app.get("/v1/files/file-legacy0123/content").await.body,
-        "abc",
-        "either spelling resolves"
-    );
+    assert_eq!(app.get("/v1/files/file-legacy0123/content").await.body, "abc", "either spelling resolves");
 
     // And a new file is found by its `file_` spelling too.
-    let id = app.upload("n.jsonl", LINES).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = app.upload("n.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     let legacy_spelling = id.replacen("file-", "file_", 1);
-    assert_eq!(
-        app.get(&format!("/v1/files/{legacy_spelling}"))
-            .await
-            .json()["id"],
-        id
-    );
+    assert_eq!(app.get(&format!("/v1/files/{legacy_spelling}")).await.json()["id"], id);
 }
 
 #[tokio::test]
@@ -543,11 +328,7 @@ async fn missing_credentials_are_401_and_wrong_ones_403() {
         (Some(common::PROJECT), None, StatusCode::UNAUTHORIZED),
         (None, Some(common::KEY), StatusCode::UNAUTHORIZED),
         (Some(common::PROJECT), Some("wrong"), StatusCode::FORBIDDEN),
-        (
-            Some(common::PROJECT),
-            Some(OTHER_KEY),
-            StatusCode::FORBIDDEN,
-        ),
+        (Some(common::PROJECT), Some(OTHER_KEY), StatusCode::FORBIDDEN),
         (Some("not-a-uuid"), Some(common::KEY), StatusCode::FORBIDDEN),
     ];
     for (project, key, status) in cases {
@@ -570,23 +351,10 @@ async fn every_response_carries_a_request_id_and_router_errors_use_the_envelope(
     let unknown = app.get("/v1/nothing-here").await;
     let error = unknown.error(StatusCode::NOT_FOUND, "unknown_url");
     assert_eq!(error["message"], "Invalid URL (GET /v1/nothing-here)");
-    let wrong_method = app
-        .send(
-            TestApp::request("PUT", "/v1/files")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let wrong_method = app.send(TestApp::request("PUT", "/v1/files").body(Body::empty()).unwrap()).await;
     wrong_method.error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
     let ok = app.get("/v1/files").await;
-    let unauthenticated = app
-        .send(
-            Request::builder()
-                .uri("/v1/files")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let unauthenticated = app.send(Request::builder().uri("/v1/files").body(Body::empty()).unwrap()).await;
     let mut seen = std::collections::HashSet::new();
     for answer in [&unknown, &wrong_method, &ok, &unauthenticated] {
         let id = answer.headers["x-request-id"].to_str().unwrap();
@@ -609,12 +377,7 @@ async fn cors_preflight_answers_204() {
     let answer = app.send(request).await;
     assert_eq!(answer.status, StatusCode::NO_CONTENT);
     assert_eq!(answer.headers["access-control-allow-origin"], "*");
-    assert!(
-        answer.headers["access-control-allow-headers"]
-            .to_str()
-            .unwrap()
-            .contains("x-project-id")
-    );
+    assert!(answer.headers["access-control-allow-headers"].to_str().unwrap().contains("x-project-id"));
     assert!(answer.headers.contains_key("x-request-id"));
     assert!(answer.body.is_empty());
 }
@@ -631,11 +394,7 @@ impl ObjectStore for BrokenStore {
     async fn writer(&self, _: &Key) -> Result<Box<dyn ObjectWriter>, StorageError> {
         Err(broken())
     }
-    async fn read(
-        &self,
-        _: &Key,
-        _: Option<std::ops::Range<u64>>,
-    ) -> Result<ByteStream, StorageError> {
+    async fn read(&self, _: &Key, _: Option<std::ops::Range<u64>>) -> Result<ByteStream, StorageError> {
         Err(broken())
     }
     async fn size(&self, _: &Key) -> Result<Option<u64>, StorageError> {
@@ -656,20 +415,12 @@ async fn storage_failures_are_500_storage_error_without_internal_details() {
     let answers = [
         app.get("/v1/files").await,
         app.get("/v1/files/file-01ARZ3NDEKTSV4RRFFQ69G5FAV").await,
-        app.send(upload(
-            Form::new()
-                .text("purpose", "batch")
-                .file("file", "a.jsonl", LINES),
-        ))
-        .await,
+        app.send(upload(Form::new().text("purpose", "batch").file("file", "a.jsonl", LINES))).await,
     ];
     for answer in answers {
         let error = answer.error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error");
         assert_eq!(error["type"], "internal_error");
-        assert!(
-            !String::from_utf8_lossy(&answer.body).contains("secret-bucket"),
-            "leaked: {error}"
-        );
+        assert!(!String::from_utf8_lossy(&answer.body).contains("secret-bucket"), "leaked: {error}");
     }
 }
 
@@ -678,32 +429,13 @@ async fn the_whole_file_cycle_works_over_s3() {
     let (_backend, store) = Backend::s3().await;
     let app = TestApp::new(store).await;
     // Bigger than one multipart part, so the upload goes out in parts.
-    let content =
-        "{\"custom_id\":\"x\",\"pad\":\"............................................\"}\n"
-            .repeat(200_000);
-    let id = app.upload("big.jsonl", content.as_bytes()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(
-        app.get(&format!("/v1/files/{id}")).await.json()["bytes"],
-        content.len()
-    );
+    let content = "{\"custom_id\":\"x\",\"pad\":\"............................................\"}\n".repeat(200_000);
+    let id = app.upload("big.jsonl", content.as_bytes()).await["id"].as_str().unwrap().to_owned();
+    assert_eq!(app.get(&format!("/v1/files/{id}")).await.json()["bytes"], content.len());
     assert!(app.get(&format!("/v1/files/{id}/content")).await.body == content.as_bytes());
     assert_eq!(app.get("/v1/files").await.json()["data"][0]["id"], id);
-    assert_eq!(
-        app.delete(&format!("/v1/files/{id}")).await.status,
-        StatusCode::OK
-    );
-    app.get(&format!("/v1/files/{id}"))
-        .await
-        .error(StatusCode::NOT_FOUND, "file_not_found");
-    assert_eq!(
-        app.files
-            .collect_garbage(nightshift::clock::now())
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(app.delete(&format!("/v1/files/{id}")).await.status, StatusCode::OK);
+    app.get(&format!("/v1/files/{id}")).await.error(StatusCode::NOT_FOUND, "file_not_found");
+    assert_eq!(app.files.collect_garbage(nightshift::clock::now()).await.unwrap(), 1);
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }

@@ -13,23 +13,13 @@ fn run_python(script: &str, serve: &Serve) -> String {
         .arg(format!("{root}/{script}"))
         .env("NIGHTSHIFT_URL", &serve.url)
         .env("NIGHTSHIFT_DATA_DIR", &serve.data_dir)
-        .env(
-            "NIGHTSHIFT_PROJECT_ID",
-            serve.project_id.as_deref().unwrap_or_default(),
-        )
-        .env(
-            "NIGHTSHIFT_API_KEY",
-            serve.api_key.as_deref().unwrap_or_default(),
-        )
+        .env("NIGHTSHIFT_PROJECT_ID", serve.project_id.as_deref().unwrap_or_default())
+        .env("NIGHTSHIFT_API_KEY", serve.api_key.as_deref().unwrap_or_default())
         .env("OPENAI_BASE_URL", "http://127.0.0.1:9/must-not-be-used")
         .output()
         .expect("python runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{script} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     stdout
 }
 
@@ -73,17 +63,11 @@ fn the_sdk_creates_retrieves_lists_and_cancels_batches() {
 async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();
     let first = Serve::start(data.path(), &[]);
-    let (project, key) = (
-        first.project_id.clone().unwrap(),
-        first.api_key.clone().unwrap(),
-    );
+    let (project, key) = (first.project_id.clone().unwrap(), first.api_key.clone().unwrap());
     let client = reqwest::Client::new();
     let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
-        .part(
-            "file",
-            reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"),
-        );
+        .part("file", reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"));
     let uploaded: serde_json::Value = client
         .post(format!("{}/v1/files", first.url))
         .header("x-project-id", &project)
@@ -101,11 +85,7 @@ async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     assert_eq!(second.project_id.as_deref(), Some(project.as_str()));
     assert_eq!(second.api_key.as_deref(), Some(key.as_str()));
     let retrieved: serde_json::Value = client
-        .get(format!(
-            "{}/v1/files/{}",
-            second.url,
-            uploaded["id"].as_str().unwrap()
-        ))
+        .get(format!("{}/v1/files/{}", second.url, uploaded["id"].as_str().unwrap()))
         .header("x-project-id", &project)
         .header("x-api-key", &key)
         .send()

@@ -63,14 +63,7 @@ async fn create(
     extract::Json(body): extract::Json<Value>,
 ) -> Result<Json<BatchObject>, ApiError> {
     let request = CreateBatch::parse(&body)?;
-    let batch = create_batch(
-        &state.files,
-        state.batches.as_ref(),
-        state.batch_settings,
-        &project.id,
-        request,
-    )
-    .await?;
+    let batch = create_batch(&state.files, state.batches.as_ref(), state.batch_settings, &project.id, request).await?;
     Ok(Json(BatchObject::from(&batch)))
 }
 
@@ -80,14 +73,8 @@ async fn retrieve(
     Path(batch_id): Path<String>,
 ) -> Result<Json<BatchObject>, ApiError> {
     let id = BatchId::parse(&batch_id).ok_or_else(|| batch_not_found(&batch_id))?;
-    let batch = state
-        .batches
-        .get(&project.id, &id)
-        .await
-        .map_err(|e| ApiError::internal("internal_error", e))?;
-    Ok(Json(BatchObject::from(
-        &batch.ok_or_else(|| batch_not_found(&batch_id))?,
-    )))
+    let batch = state.batches.get(&project.id, &id).await.map_err(|e| ApiError::internal("internal_error", e))?;
+    Ok(Json(BatchObject::from(&batch.ok_or_else(|| batch_not_found(&batch_id))?)))
 }
 
 #[derive(Deserialize)]
@@ -118,11 +105,8 @@ async fn list(
     let after = match params.after.as_deref().filter(|a| !a.is_empty()) {
         None => None,
         Some(raw) => Some(BatchId::parse(raw).ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_request_error",
-                format!("Invalid cursor {raw:?}: `after` takes a batch id"),
-            )
-            .with_param("after")
+            ApiError::bad_request("invalid_request_error", format!("Invalid cursor {raw:?}: `after` takes a batch id"))
+                .with_param("after")
         })?),
     };
     let page = state
@@ -131,11 +115,7 @@ async fn list(
         .await
         .map_err(|e| ApiError::internal("internal_error", e))?;
     let data = page.batches.iter().map(BatchObject::from).collect();
-    Ok(Json(ListPage::new(
-        data,
-        page.has_more,
-        |batch: &BatchObject| batch.id.to_string(),
-    )))
+    Ok(Json(ListPage::new(data, page.has_more, |batch: &BatchObject| batch.id.to_string())))
 }
 
 async fn cancel_batch(
@@ -145,11 +125,7 @@ async fn cancel_batch(
 ) -> Result<Json<BatchObject>, ApiError> {
     let id = BatchId::parse(&batch_id).ok_or_else(|| batch_not_found(&batch_id))?;
     let now = clock::now();
-    match state
-        .batches
-        .update(&project.id, &id, &|batch_state| cancel(batch_state, now))
-        .await
-    {
+    match state.batches.update(&project.id, &id, &|batch_state| cancel(batch_state, now)).await {
         Ok(batch) => {
             tracing::info!(batch = %id, status = batch.state.status.as_str(), "cancel requested");
             Ok(Json(BatchObject::from(&batch)))
@@ -159,10 +135,7 @@ async fn cancel_batch(
             StatusCode::CONFLICT,
             ErrorType::InvalidRequestError,
             Some("batch_not_cancellable"),
-            format!(
-                "Cannot cancel batch {batch_id}: it is already {}",
-                refusal.0.as_str()
-            ),
+            format!("Cannot cancel batch {batch_id}: it is already {}", refusal.0.as_str()),
         )),
         Err(UpdateError::Store(error)) => Err(ApiError::internal("internal_error", error)),
     }

@@ -40,34 +40,17 @@ impl ApiError {
         code: Option<&'static str>,
         message: impl Into<String>,
     ) -> Self {
-        Self {
-            status,
-            error_type,
-            code: code.map(Cow::Borrowed),
-            message: message.into(),
-            param: None,
-            line: None,
-        }
+        Self { status, error_type, code: code.map(Cow::Borrowed), message: message.into(), param: None, line: None }
     }
 
     /// 400 `invalid_request_error` with a machine-readable code.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            ErrorType::InvalidRequestError,
-            Some(code),
-            message,
-        )
+        Self::new(StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError, Some(code), message)
     }
 
     /// 404 `invalid_request_error`: missing, or another project's (never 403).
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            ErrorType::InvalidRequestError,
-            Some(code),
-            message,
-        )
+        Self::new(StatusCode::NOT_FOUND, ErrorType::InvalidRequestError, Some(code), message)
     }
 
     /// A 500 whose detail goes to the log, never to the client.
@@ -109,12 +92,7 @@ impl From<AuthError> for ApiError {
             AuthError::MissingHeaders => "missing_credentials",
             AuthError::InvalidCredentials => "invalid_api_key",
         };
-        Self::new(
-            status,
-            ErrorType::AuthenticationError,
-            Some(code),
-            error.to_string(),
-        )
+        Self::new(status, ErrorType::AuthenticationError, Some(code), error.to_string())
     }
 }
 

@@ -25,25 +25,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     match rejection {
-        JsonRejection::MissingJsonContentType(_) => ApiError::bad_request(
-            "invalid_content_type",
-            "Expected a request with Content-Type: application/json",
-        ),
+        JsonRejection::MissingJsonContentType(_) => {
+            ApiError::bad_request("invalid_content_type", "Expected a request with Content-Type: application/json")
+        }
         JsonRejection::JsonSyntaxError(_) => ApiError::bad_request(
             "invalid_json",
             "We could not parse the JSON body of your request. The API expects a JSON payload.",
         ),
-        JsonRejection::JsonDataError(error) => {
-            ApiError::bad_request("invalid_json", error.body_text())
-        }
-        JsonRejection::BytesRejection(error) if error.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorType::InvalidRequestError,
-                Some("request_too_large"),
-                "The request body is too large",
-            )
-        }
+        JsonRejection::JsonDataError(error) => ApiError::bad_request("invalid_json", error.body_text()),
+        JsonRejection::BytesRejection(error) if error.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorType::InvalidRequestError,
+            Some("request_too_large"),
+            "The request body is too large",
+        ),
         other => ApiError::bad_request("invalid_request_error", other.body_text()),
     }
 }
@@ -57,13 +52,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(Self(value)),
-            Err(rejection @ QueryRejection::FailedToDeserializeQueryString(_)) => Err(
-                ApiError::bad_request("invalid_request_error", rejection.body_text()),
-            ),
-            Err(other) => Err(ApiError::bad_request(
-                "invalid_request_error",
-                other.body_text(),
-            )),
+            Err(rejection @ QueryRejection::FailedToDeserializeQueryString(_)) => {
+                Err(ApiError::bad_request("invalid_request_error", rejection.body_text()))
+            }
+            Err(other) => Err(ApiError::bad_request("invalid_request_error", other.body_text())),
         }
     }
 }
@@ -80,8 +72,6 @@ impl<S: Send + Sync> FromRequestParts<S> for CurrentProject {
             .get::<Project>()
             .cloned()
             .map(Self)
-            .ok_or_else(|| {
-                ApiError::internal("internal_error", "route reached without authentication")
-            })
+            .ok_or_else(|| ApiError::internal("internal_error", "route reached without authentication"))
     }
 }

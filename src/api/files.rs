@@ -24,16 +24,8 @@ const MAX_LIMIT: usize = 10_000;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route(
-            "/v1/files",
-            post(create_file)
-                .layer(DefaultBodyLimit::max(MAX_UPLOAD_REQUEST_BYTES))
-                .get(list_files),
-        )
-        .route(
-            "/v1/files/{file_id}",
-            get(retrieve_file).delete(delete_file),
-        )
+        .route("/v1/files", post(create_file).layer(DefaultBodyLimit::max(MAX_UPLOAD_REQUEST_BYTES)).get(list_files))
+        .route("/v1/files/{file_id}", get(retrieve_file).delete(delete_file))
         .route("/v1/files/{file_id}/content", get(file_content))
 }
 
@@ -41,16 +33,8 @@ fn file_not_found(id: &str) -> ApiError {
     ApiError::not_found("file_not_found", format!("No such file: {id}")).with_param("file_id")
 }
 
-async fn find(
-    state: &AppState,
-    project: &crate::auth::Project,
-    id: &str,
-) -> Result<FileRecord, ApiError> {
-    state
-        .files
-        .find(&project.id, id)
-        .await?
-        .ok_or_else(|| file_not_found(id))
+async fn find(state: &AppState, project: &crate::auth::Project, id: &str) -> Result<FileRecord, ApiError> {
+    state.files.find(&project.id, id).await?.ok_or_else(|| file_not_found(id))
 }
 
 #[derive(Deserialize)]
@@ -87,12 +71,7 @@ fn parse_list_params(params: ListParams) -> Result<FileListQuery, ApiError> {
         }
     };
     let after = params.after.filter(|after| !after.is_empty());
-    Ok(FileListQuery {
-        purpose: params.purpose.filter(|p| !p.is_empty()),
-        order,
-        after,
-        limit,
-    })
+    Ok(FileListQuery { purpose: params.purpose.filter(|p| !p.is_empty()), order, after, limit })
 }
 
 async fn list_files(
@@ -103,11 +82,7 @@ async fn list_files(
     let query = parse_list_params(params)?;
     let page = state.files.list(&project.id, &query).await?;
     let data = page.records.iter().map(FileObject::from).collect();
-    Ok(Json(ListPage::new(
-        data,
-        page.has_more,
-        |file: &FileObject| file.id.to_string(),
-    )))
+    Ok(Json(ListPage::new(data, page.has_more, |file: &FileObject| file.id.to_string())))
 }
 
 async fn retrieve_file(
@@ -115,9 +90,7 @@ async fn retrieve_file(
     CurrentProject(project): CurrentProject,
     Path(file_id): Path<String>,
 ) -> Result<Json<FileObject>, ApiError> {
-    Ok(Json(FileObject::from(
-        &find(&state, &project, &file_id).await?,
-    )))
+    Ok(Json(FileObject::from(&find(&state, &project, &file_id).await?)))
 }
 
 async fn file_content(
@@ -129,17 +102,12 @@ async fn file_content(
     let stream = match state.files.open(&record).await {
         Ok(stream) => stream,
         Err(StorageError::NotFound(_)) => {
-            return Err(ApiError::not_found(
-                "file_not_found",
-                format!("The content of file {file_id} is missing"),
-            )
-            .with_param("file_id"));
+            return Err(ApiError::not_found("file_not_found", format!("The content of file {file_id} is missing"))
+                .with_param("file_id"));
         }
         Err(error) => return Err(error.into()),
     };
-    let body = Body::from_stream(
-        stream.inspect_err(|error| tracing::error!(%error, "file download broke off")),
-    );
+    let body = Body::from_stream(stream.inspect_err(|error| tracing::error!(%error, "file download broke off")));
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -162,15 +130,7 @@ async fn delete_file(
     CurrentProject(project): CurrentProject,
     Path(file_id): Path<String>,
 ) -> Result<Json<Deleted>, ApiError> {
-    let record = state
-        .files
-        .delete(&project.id, &file_id)
-        .await?
-        .ok_or_else(|| file_not_found(&file_id))?;
+    let record = state.files.delete(&project.id, &file_id).await?.ok_or_else(|| file_not_found(&file_id))?;
     tracing::info!(file = %record.id, "file deleted");
-    Ok(Json(Deleted {
-        id: record.id,
-        object: "file",
-        deleted: true,
-    }))
+    Ok(Json(Deleted { id: record.id, object: "file", deleted: true }))
 }

@@ -13,12 +13,6 @@ pub struct ListPage<T> {
 
 impl<T> ListPage<T> {
     pub fn new(data: Vec<T>, has_more: bool, id_of: impl Fn(&T) -> String) -> Self {
-        Self {
-            object: "list",
-            first_id: data.first().map(&id_of),
-            last_id: data.last().map(&id_of),
-            data,
-            has_more,
-        }
+        Self { object: "list", first_id: data.first().map(&id_of), last_id: data.last().map(&id_of), data, has_more }
     }
 }

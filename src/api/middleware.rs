@@ -32,9 +32,8 @@ pub async fn request_id(request: Request, next: Next) -> Response {
     );
     let mut response = async move {
         let outcome = AssertUnwindSafe(next.run(request)).catch_unwind().await;
-        let response = outcome.unwrap_or_else(|_| {
-            ApiError::internal("internal_error", "handler panicked").into_response()
-        });
+        let response =
+            outcome.unwrap_or_else(|_| ApiError::internal("internal_error", "handler panicked").into_response());
         let status = response.status().as_u16();
         let elapsed_ms = started.elapsed().as_millis() as u64;
         if response.status().is_server_error() {
@@ -59,47 +58,22 @@ const ALLOWED_HEADERS: &str = "authorization, content-type, x-api-key, x-project
 /// Browsers may call the API from any origin (auth is by header, never by cookie):
 /// preflights answer 204 and every response carries the CORS headers.
 pub async fn cors(request: Request, next: Next) -> Response {
-    let is_preflight = request.method() == Method::OPTIONS
-        && request
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let mut response = if is_preflight {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        next.run(request).await
-    };
+    let is_preflight =
+        request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = if is_preflight { StatusCode::NO_CONTENT.into_response() } else { next.run(request).await };
     let headers = response.headers_mut();
-    headers.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    headers.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("x-request-id"),
-    );
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static("x-request-id"));
     if is_preflight {
-        headers.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
-        );
-        headers.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static(ALLOWED_HEADERS),
-        );
-        headers.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static("86400"),
-        );
+        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE, OPTIONS"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOWED_HEADERS));
+        headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("86400"));
     }
     response
 }
 
 /// Authenticates `x-project-id` + `x-api-key` and hands the project to the handler.
-pub async fn authenticate(
-    State(state): State<AppState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let project = match authenticated_project(&state, request.headers()) {
         Ok(project) => project,
         Err(error) => return error.into_response(),
@@ -111,10 +85,7 @@ pub async fn authenticate(
 
 fn authenticated_project(state: &AppState, headers: &HeaderMap) -> Result<Project, ApiError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    Ok(state
-        .projects
-        .authenticate(header(PROJECT_HEADER), header(API_KEY_HEADER))?
-        .clone())
+    Ok(state.projects.authenticate(header(PROJECT_HEADER), header(API_KEY_HEADER))?.clone())
 }
 
 /// Unknown routes, worded like OpenAI's.

@@ -34,13 +34,7 @@ fn multipart_error(error: MultipartError) -> ApiError {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large();
     }
-    ApiError::bad_request(
-        "invalid_multipart",
-        format!(
-            "The multipart body could not be parsed: {}",
-            error.body_text()
-        ),
-    )
+    ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", error.body_text()))
 }
 
 fn invalid_purpose(got: Option<&str>) -> ApiError {
@@ -62,44 +56,28 @@ pub async fn create_file(
     let is_multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("multipart/form-data")
-        });
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
     if !is_multipart {
         return Err(ApiError::bad_request(
             "invalid_content_type",
             "Uploads must be sent as multipart/form-data with a `file` part and a `purpose` field",
         ));
     }
-    let declared_length = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared_length =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > MAX_UPLOAD_REQUEST_BYTES as u64) {
         return Err(too_large());
     }
     let mut multipart = multipart.map_err(|rejection| {
         ApiError::bad_request(
             "invalid_multipart",
-            format!(
-                "The multipart body could not be parsed: {}",
-                rejection.body_text()
-            ),
+            format!("The multipart body could not be parsed: {}", rejection.body_text()),
         )
     })?;
 
     let mut purpose: Option<String> = None;
     let mut upload: Option<(Upload, Option<String>)> = None;
-    let outcome = read_parts(
-        &state,
-        &project.id,
-        &mut multipart,
-        &mut purpose,
-        &mut upload,
-    )
-    .await;
+    let outcome = read_parts(&state, &project.id, &mut multipart, &mut purpose, &mut upload).await;
     let checked = outcome.and_then(|()| {
         match purpose.as_deref() {
             Some("batch") => {}
@@ -111,11 +89,9 @@ pub async fn create_file(
                 "No file part in the multipart body; send the file as `file`",
             )
             .with_param("file")),
-            Some((file, _)) if file.bytes() == 0 => Err(ApiError::bad_request(
-                "empty_file",
-                "The uploaded file is empty",
-            )
-            .with_param("file")),
+            Some((file, _)) if file.bytes() == 0 => {
+                Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
+            }
             Some(_) => Ok(()),
         }
     });
@@ -127,13 +103,7 @@ pub async fn create_file(
         return Err(error);
     }
     let (file, filename) = upload.expect("checked above");
-    let record = file
-        .commit(NewFile {
-            filename,
-            purpose: Purpose::Batch,
-            is_error: false,
-        })
-        .await?;
+    let record = file.commit(NewFile { filename, purpose: Purpose::Batch, is_error: false }).await?;
     tracing::info!(file = %record.id, bytes = record.bytes, "file uploaded");
     Ok(Json(FileObject::from(&record)))
 }
@@ -164,9 +134,7 @@ async fn read_parts(
                     )
                     .with_param("file"));
                 }
-                let filename = field
-                    .file_name()
-                    .map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
+                let filename = field.file_name().map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
                 let mut file = state.files.start_upload(project).await?;
                 let streamed = stream_into(&mut field, &mut file).await;
                 *upload = Some((file, filename));
@@ -192,15 +160,11 @@ async fn read_text(field: &mut Field<'_>) -> Result<String, ApiError> {
     let mut text = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
         if text.len() + chunk.len() > MAX_TEXT_FIELD_BYTES {
-            return Err(ApiError::bad_request(
-                "invalid_multipart",
-                "A text field of the multipart body is too long",
-            ));
+            return Err(ApiError::bad_request("invalid_multipart", "A text field of the multipart body is too long"));
         }
         text.extend_from_slice(&chunk);
     }
-    String::from_utf8(text)
-        .map_err(|_| ApiError::bad_request("invalid_multipart", "A text field is not valid UTF-8"))
+    String::from_utf8(text).map_err(|_| ApiError::bad_request("invalid_multipart", "A text field is not valid UTF-8"))
 }
 
 /// Reads and discards what is left of the body (bounded by the route's body limit),

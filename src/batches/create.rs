@@ -38,10 +38,7 @@ pub struct CreateBatch {
 pub enum CreateError {
     /// The request itself is malformed (400).
     #[error("{message}")]
-    Request {
-        message: String,
-        param: &'static str,
-    },
+    Request { message: String, param: &'static str },
     /// 404 "Input file not found: <id>".
     #[error("Input file not found: {0}")]
     InputNotFound(String),
@@ -50,10 +47,7 @@ pub enum CreateError {
     InputMissing(String),
     /// The input failed validation; the batch was persisted as `failed`.
     #[error("{error}")]
-    Invalid {
-        error: InvalidInput,
-        batch: Box<Batch>,
-    },
+    Invalid { error: InvalidInput, batch: Box<Batch> },
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
@@ -63,10 +57,7 @@ pub enum CreateError {
 fn required(body: &Map<String, Value>, field: &'static str) -> Result<String, CreateError> {
     match body.get(field) {
         Some(Value::String(value)) if !value.is_empty() => Ok(value.clone()),
-        _ => Err(CreateError::Request {
-            message: format!("{field} is required"),
-            param: field,
-        }),
+        _ => Err(CreateError::Request { message: format!("{field} is required"), param: field }),
     }
 }
 
@@ -94,14 +85,10 @@ impl CreateBatch {
         let metadata = match body.get("metadata") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(metadata)) => {
-                let size = serde_json::to_vec(metadata)
-                    .map(|json| json.len())
-                    .unwrap_or(usize::MAX);
+                let size = serde_json::to_vec(metadata).map(|json| json.len()).unwrap_or(usize::MAX);
                 if size > MAX_METADATA_BYTES {
                     return Err(CreateError::Request {
-                        message: format!(
-                            "metadata must be at most {MAX_METADATA_BYTES} bytes of JSON, got {size}"
-                        ),
+                        message: format!("metadata must be at most {MAX_METADATA_BYTES} bytes of JSON, got {size}"),
                         param: "metadata",
                     });
                 }
@@ -114,11 +101,7 @@ impl CreateBatch {
                 });
             }
         };
-        Ok(Self {
-            input_file_id,
-            endpoint,
-            metadata,
-        })
+        Ok(Self { input_file_id, endpoint, metadata })
     }
 }
 
@@ -172,10 +155,7 @@ pub async fn create_batch(
     match verdict {
         Ok(valid) => {
             spec.plan = valid.shards;
-            let batch = Batch {
-                spec,
-                state: BatchState::in_progress(now, valid.requests),
-            };
+            let batch = Batch { spec, state: BatchState::in_progress(now, valid.requests) };
             store.insert(&batch).await?;
             tracing::info!(batch = %batch.spec.id, requests = valid.requests, shards = batch.spec.plan.shards.len(), "batch created");
             Ok(batch)
@@ -187,16 +167,10 @@ pub async fn create_batch(
                 line: error.line,
                 param: error.param.map(str::to_owned),
             };
-            let batch = Batch {
-                spec,
-                state: BatchState::failed(now, vec![recorded]),
-            };
+            let batch = Batch { spec, state: BatchState::failed(now, vec![recorded]) };
             store.insert(&batch).await?;
             tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
-            Err(CreateError::Invalid {
-                error,
-                batch: Box::new(batch),
-            })
+            Err(CreateError::Invalid { error, batch: Box::new(batch) })
         }
     }
 }
@@ -223,15 +197,9 @@ mod tests {
             json!({"input_file_id": 5, "endpoint": "/e"}),
             json!({"input_file_id": "", "endpoint": "/e"}),
         ] {
-            assert_eq!(
-                message(body),
-                ("input_file_id is required".into(), "input_file_id")
-            );
+            assert_eq!(message(body), ("input_file_id is required".into(), "input_file_id"));
         }
-        for body in [
-            json!({"input_file_id": "f"}),
-            json!({"input_file_id": "f", "endpoint": null}),
-        ] {
+        for body in [json!({"input_file_id": "f"}), json!({"input_file_id": "f", "endpoint": null})] {
             assert_eq!(message(body), ("endpoint is required".into(), "endpoint"));
         }
     }
@@ -242,13 +210,7 @@ mod tests {
         assert!(CreateBatch::parse(&base(json!("24h"))).is_ok());
         assert!(CreateBatch::parse(&base(Value::Null)).is_ok());
         for window in [json!("48h"), json!(24), json!("24H"), json!("")] {
-            assert_eq!(
-                message(base(window)),
-                (
-                    "completion_window must be \"24h\"".into(),
-                    "completion_window"
-                )
-            );
+            assert_eq!(message(base(window)), ("completion_window must be \"24h\"".into(), "completion_window"));
         }
     }
 
@@ -256,16 +218,10 @@ mod tests {
     fn metadata_is_any_object_echoed_unchanged_and_bounded() {
         let metadata = json!({"job": "nightly", "nested": {"n": [1, 2.5, null, true]}, "ü": "✓"});
         let body = json!({"input_file_id": "f", "endpoint": "/e", "metadata": metadata});
-        assert_eq!(
-            Value::Object(CreateBatch::parse(&body).unwrap().metadata),
-            metadata
-        );
+        assert_eq!(Value::Object(CreateBatch::parse(&body).unwrap().metadata), metadata);
         for bad in [json!("text"), json!([1]), json!(3)] {
             let body = json!({"input_file_id": "f", "endpoint": "/e", "metadata": bad});
-            assert_eq!(
-                message(body),
-                ("metadata must be a JSON object".into(), "metadata")
-            );
+            assert_eq!(message(body), ("metadata must be a JSON object".into(), "metadata"));
         }
         let huge = json!({"input_file_id": "f", "endpoint": "/e", "metadata": {"k": "v".repeat(MAX_METADATA_BYTES)}});
         assert_eq!(message(huge).1, "metadata");

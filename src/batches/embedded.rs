@@ -24,11 +24,7 @@ pub struct EmbeddedBatchStore {
 }
 
 fn key(batch: &Batch) -> Key {
-    Key::from_segments(&[
-        "batch-docs",
-        batch.spec.project_id.as_str(),
-        &format!("{}.json", batch.spec.id),
-    ])
+    Key::from_segments(&["batch-docs", batch.spec.project_id.as_str(), &format!("{}.json", batch.spec.id)])
 }
 
 impl EmbeddedBatchStore {
@@ -37,18 +33,11 @@ impl EmbeddedBatchStore {
         let mut batches: HashMap<ProjectId, BTreeMap<BatchId, Batch>> = HashMap::new();
         for key in objects.list(PREFIX).await? {
             let bytes = objects.get(&key).await?;
-            let batch: Batch = serde_json::from_slice(&bytes).map_err(|e| {
-                StoreError::Backend(format!("unreadable batch document {key}: {e}"))
-            })?;
-            batches
-                .entry(batch.spec.project_id.clone())
-                .or_default()
-                .insert(batch.spec.id.clone(), batch);
+            let batch: Batch = serde_json::from_slice(&bytes)
+                .map_err(|e| StoreError::Backend(format!("unreadable batch document {key}: {e}")))?;
+            batches.entry(batch.spec.project_id.clone()).or_default().insert(batch.spec.id.clone(), batch);
         }
-        Ok(Self {
-            objects,
-            batches: RwLock::new(batches),
-        })
+        Ok(Self { objects, batches: RwLock::new(batches) })
     }
 
     async fn persist(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -60,12 +49,7 @@ impl EmbeddedBatchStore {
     /// Every batch of every project that is not terminal yet.
     pub async fn unfinished(&self) -> Vec<Batch> {
         let batches = self.batches.read().await;
-        batches
-            .values()
-            .flat_map(|b| b.values())
-            .filter(|b| !b.state.status.is_terminal())
-            .cloned()
-            .collect()
+        batches.values().flat_map(|b| b.values()).filter(|b| !b.state.status.is_terminal()).cloned().collect()
     }
 }
 
@@ -74,73 +58,38 @@ impl BatchStore for EmbeddedBatchStore {
     async fn insert(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut batches = self.batches.write().await;
         self.persist(batch).await?;
-        batches
-            .entry(batch.spec.project_id.clone())
-            .or_default()
-            .insert(batch.spec.id.clone(), batch.clone());
+        batches.entry(batch.spec.project_id.clone()).or_default().insert(batch.spec.id.clone(), batch.clone());
         Ok(())
     }
 
     async fn get(&self, project: &ProjectId, id: &BatchId) -> Result<Option<Batch>, StoreError> {
-        Ok(self
-            .batches
-            .read()
-            .await
-            .get(project)
-            .and_then(|b| b.get(id))
-            .cloned())
+        Ok(self.batches.read().await.get(project).and_then(|b| b.get(id)).cloned())
     }
 
-    async fn list(
-        &self,
-        project: &ProjectId,
-        after: Option<&BatchId>,
-        limit: usize,
-    ) -> Result<BatchPage, StoreError> {
+    async fn list(&self, project: &ProjectId, after: Option<&BatchId>, limit: usize) -> Result<BatchPage, StoreError> {
         let batches = self.batches.read().await;
         let Some(project) = batches.get(project) else {
-            return Ok(BatchPage {
-                batches: Vec::new(),
-                has_more: false,
-            });
+            return Ok(BatchPage { batches: Vec::new(), has_more: false });
         };
         let older = match after {
             Some(after) => project.range(..after.clone()),
             None => project.range(..),
         };
-        let mut page: Vec<Batch> = older
-            .rev()
-            .take(limit + 1)
-            .map(|(_, batch)| batch.clone())
-            .collect();
+        let mut page: Vec<Batch> = older.rev().take(limit + 1).map(|(_, batch)| batch.clone()).collect();
         let has_more = page.len() > limit;
         page.truncate(limit);
-        Ok(BatchPage {
-            batches: page,
-            has_more,
-        })
+        Ok(BatchPage { batches: page, has_more })
     }
 
-    async fn update(
-        &self,
-        project: &ProjectId,
-        id: &BatchId,
-        change: StateChange<'_>,
-    ) -> Result<Batch, UpdateError> {
+    async fn update(&self, project: &ProjectId, id: &BatchId, change: StateChange<'_>) -> Result<Batch, UpdateError> {
         let mut batches = self.batches.write().await;
-        let current = batches
-            .get(project)
-            .and_then(|b| b.get(id))
-            .ok_or(UpdateError::NotFound)?;
+        let current = batches.get(project).and_then(|b| b.get(id)).ok_or(UpdateError::NotFound)?;
         let mut next = current.clone();
         if !change(&mut next.state)? {
             return Ok(next);
         }
         self.persist(&next).await?;
-        batches
-            .entry(project.clone())
-            .or_default()
-            .insert(id.clone(), next.clone());
+        batches.entry(project.clone()).or_default().insert(id.clone(), next.clone());
         Ok(next)
     }
 }

@@ -34,21 +34,12 @@ mod tests {
         assert_eq!(state.status, Status::Cancelling);
         assert_eq!(state.cancelling_at, Some(200));
         assert_eq!(cancel(&mut state, 300), Ok(false), "idempotent");
-        assert_eq!(
-            state.cancelling_at,
-            Some(200),
-            "the first request's time stays"
-        );
+        assert_eq!(state.cancelling_at, Some(200), "the first request's time stays");
     }
 
     #[test]
     fn cancel_on_terminal_batches_is_refused_and_changes_nothing() {
-        for status in [
-            Status::Completed,
-            Status::Failed,
-            Status::Expired,
-            Status::Cancelled,
-        ] {
+        for status in [Status::Completed, Status::Failed, Status::Expired, Status::Cancelled] {
             let mut state = BatchState::in_progress(100, 3);
             state.status = status;
             let before = state.clone();

@@ -25,10 +25,7 @@ pub enum Status {
 impl Status {
     /// Terminal states never change again.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Failed | Self::Completed | Self::Expired | Self::Cancelled
-        )
+        matches!(self, Self::Failed | Self::Completed | Self::Expired | Self::Cancelled)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -119,22 +116,14 @@ impl BatchState {
     pub fn in_progress(now: UnixSeconds, total: u64) -> Self {
         Self {
             in_progress_at: Some(now),
-            request_counts: RequestCounts {
-                total,
-                completed: 0,
-                failed: 0,
-            },
+            request_counts: RequestCounts { total, completed: 0, failed: 0 },
             ..Self::empty(Status::InProgress)
         }
     }
 
     /// A batch whose input was refused.
     pub fn failed(now: UnixSeconds, errors: Vec<BatchError>) -> Self {
-        Self {
-            failed_at: Some(now),
-            errors,
-            ..Self::empty(Status::Failed)
-        }
+        Self { failed_at: Some(now), errors, ..Self::empty(Status::Failed) }
     }
 
     fn empty(status: Status) -> Self {

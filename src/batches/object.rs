@@ -65,10 +65,7 @@ impl From<&Batch> for BatchObject {
             id: spec.id.clone(),
             object: "batch",
             endpoint: spec.endpoint.clone(),
-            errors: (!state.errors.is_empty()).then(|| ErrorList {
-                object: "list",
-                data: state.errors.clone(),
-            }),
+            errors: (!state.errors.is_empty()).then(|| ErrorList { object: "list", data: state.errors.clone() }),
             input_file_id: spec.input_file_id.clone(),
             completion_window: spec.completion_window.clone(),
             status: state.status.as_str(),
@@ -89,9 +86,7 @@ impl From<&Batch> for BatchObject {
                 input_tokens: state.usage.input_tokens,
                 input_tokens_details: CachedTokens { cached_tokens: 0 },
                 output_tokens: state.usage.output_tokens,
-                output_tokens_details: ReasoningTokens {
-                    reasoning_tokens: 0,
-                },
+                output_tokens_details: ReasoningTokens { reasoning_tokens: 0 },
                 total_tokens: state.usage.total_tokens,
             },
         }

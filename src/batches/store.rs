@@ -45,19 +45,9 @@ pub trait BatchStore: Send + Sync + 'static {
     async fn get(&self, project: &ProjectId, id: &BatchId) -> Result<Option<Batch>, StoreError>;
 
     /// The project's batches, newest first, strictly older than `after` when given.
-    async fn list(
-        &self,
-        project: &ProjectId,
-        after: Option<&BatchId>,
-        limit: usize,
-    ) -> Result<BatchPage, StoreError>;
+    async fn list(&self, project: &ProjectId, after: Option<&BatchId>, limit: usize) -> Result<BatchPage, StoreError>;
 
     /// Applies `change` to the batch's state atomically and returns the batch as it
     /// then is.
-    async fn update(
-        &self,
-        project: &ProjectId,
-        id: &BatchId,
-        change: StateChange<'_>,
-    ) -> Result<Batch, UpdateError>;
+    async fn update(&self, project: &ProjectId, id: &BatchId, change: StateChange<'_>) -> Result<Batch, UpdateError>;
 }

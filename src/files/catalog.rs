@@ -62,8 +62,7 @@ fn data_key(project: &ProjectId, id: &FileId) -> Key {
 }
 
 fn decode(bytes: &[u8]) -> Result<FileRecord, StorageError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| StorageError::Backend(format!("unreadable file record: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Backend(format!("unreadable file record: {e}")))
 }
 
 impl FileCatalog {
@@ -79,20 +78,10 @@ impl FileCatalog {
     pub async fn start_upload(&self, project: &ProjectId) -> Result<Upload, StorageError> {
         let id = FileId::generate();
         let writer = self.store.writer(&data_key(project, &id)).await?;
-        Ok(Upload {
-            catalog: self.clone(),
-            project: project.clone(),
-            id,
-            writer,
-            bytes: 0,
-        })
+        Ok(Upload { catalog: self.clone(), project: project.clone(), id, writer, bytes: 0 })
     }
 
-    async fn read_record(
-        &self,
-        project: &ProjectId,
-        id: &FileId,
-    ) -> Result<Option<FileRecord>, StorageError> {
+    async fn read_record(&self, project: &ProjectId, id: &FileId) -> Result<Option<FileRecord>, StorageError> {
         match self.store.get(&meta_key(project, id)).await {
             Ok(bytes) => decode(&bytes).map(Some),
             Err(StorageError::NotFound(_)) => Ok(None),
@@ -101,11 +90,7 @@ impl FileCatalog {
     }
 
     /// The project's live file with this id, in either spelling of the prefix.
-    pub async fn find(
-        &self,
-        project: &ProjectId,
-        raw_id: &str,
-    ) -> Result<Option<FileRecord>, StorageError> {
+    pub async fn find(&self, project: &ProjectId, raw_id: &str) -> Result<Option<FileRecord>, StorageError> {
         let Some(id) = FileId::parse(raw_id) else {
             return Ok(None);
         };
@@ -120,9 +105,7 @@ impl FileCatalog {
 
     /// The file's bytes; `NotFound` when the record exists but the bytes are gone.
     pub async fn open(&self, record: &FileRecord) -> Result<ByteStream, StorageError> {
-        self.store
-            .read(&data_key(&record.project_id, &record.id), None)
-            .await
+        self.store.read(&data_key(&record.project_id, &record.id), None).await
     }
 
     /// A byte range of the file's bytes.
@@ -131,25 +114,15 @@ impl FileCatalog {
         record: &FileRecord,
         range: std::ops::Range<u64>,
     ) -> Result<ByteStream, StorageError> {
-        self.store
-            .read(&data_key(&record.project_id, &record.id), Some(range))
-            .await
+        self.store.read(&data_key(&record.project_id, &record.id), Some(range)).await
     }
 
     /// Whether the bytes behind a record are still in storage.
     pub async fn has_bytes(&self, record: &FileRecord) -> Result<bool, StorageError> {
-        Ok(self
-            .store
-            .size(&data_key(&record.project_id, &record.id))
-            .await?
-            .is_some())
+        Ok(self.store.size(&data_key(&record.project_id, &record.id)).await?.is_some())
     }
 
-    pub async fn list(
-        &self,
-        project: &ProjectId,
-        query: &FileListQuery,
-    ) -> Result<FilePage, StorageError> {
+    pub async fn list(&self, project: &ProjectId, query: &FileListQuery) -> Result<FilePage, StorageError> {
         let prefix = format!("file-meta/{project}/");
         let mut ids: Vec<FileId> = self
             .store
@@ -175,10 +148,7 @@ impl FileCatalog {
             .try_filter_map(|record| async move { Ok(record) })
             .try_filter(|record| {
                 let wanted = record.is_live(now)
-                    && query
-                        .purpose
-                        .as_deref()
-                        .is_none_or(|purpose| purpose == record.purpose.as_str());
+                    && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str());
                 async move { wanted }
             })
             .take(query.limit + 1)
@@ -191,11 +161,7 @@ impl FileCatalog {
 
     /// Marks the file deleted; its bytes go at the next garbage collection.
     /// Returns `None` when there is no such live file.
-    pub async fn delete(
-        &self,
-        project: &ProjectId,
-        raw_id: &str,
-    ) -> Result<Option<FileRecord>, StorageError> {
+    pub async fn delete(&self, project: &ProjectId, raw_id: &str) -> Result<Option<FileRecord>, StorageError> {
         let Some(mut record) = self.find(project, raw_id).await? else {
             return Ok(None);
         };
@@ -206,9 +172,7 @@ impl FileCatalog {
 
     async fn write_record(&self, record: &FileRecord) -> Result<(), StorageError> {
         let json = serde_json::to_vec(record).expect("file records serialize");
-        self.store
-            .put(&meta_key(&record.project_id, &record.id), Bytes::from(json))
-            .await
+        self.store.put(&meta_key(&record.project_id, &record.id), Bytes::from(json)).await
     }
 
     /// Removes the bytes and records of every deleted or expired file, and returns
@@ -225,9 +189,7 @@ impl FileCatalog {
                 continue;
             }
             // Bytes first: a crash in between leaves a dead record, swept next time.
-            self.store
-                .delete(&data_key(&record.project_id, &record.id))
-                .await?;
+            self.store.delete(&data_key(&record.project_id, &record.id)).await?;
             self.store.delete(&key).await?;
             removed += 1;
         }
@@ -268,10 +230,7 @@ impl Upload {
         let bytes = self.writer.finish().await?;
         let created_at = clock::now();
         let record = FileRecord {
-            filename: file
-                .filename
-                .filter(|name| !name.is_empty())
-                .unwrap_or_else(|| format!("{}.jsonl", self.id)),
+            filename: file.filename.filter(|name| !name.is_empty()).unwrap_or_else(|| format!("{}.jsonl", self.id)),
             id: self.id,
             project_id: self.project,
             bytes,
@@ -282,11 +241,7 @@ impl Upload {
             deleted_at: None,
         };
         if let Err(error) = self.catalog.write_record(&record).await {
-            let _ = self
-                .catalog
-                .store
-                .delete(&data_key(&record.project_id, &record.id))
-                .await;
+            let _ = self.catalog.store.delete(&data_key(&record.project_id, &record.id)).await;
             return Err(error);
         }
         Ok(record)

@@ -58,19 +58,14 @@ impl ObjectStore for DirStore {
 
     async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
         let path = self.path(key);
-        let mut file = not_found_as_none(fs::File::open(&path).await)?
-            .ok_or_else(|| StorageError::NotFound(key.to_string()))?;
+        let mut file =
+            not_found_as_none(fs::File::open(&path).await)?.ok_or_else(|| StorageError::NotFound(key.to_string()))?;
         let stream = match range {
-            None => ReaderStream::with_capacity(file, READ_CHUNK)
-                .map_err(StorageError::from)
-                .boxed(),
+            None => ReaderStream::with_capacity(file, READ_CHUNK).map_err(StorageError::from).boxed(),
             Some(range) => {
                 file.seek(SeekFrom::Start(range.start)).await?;
-                let limited =
-                    tokio::io::AsyncReadExt::take(file, range.end.saturating_sub(range.start));
-                ReaderStream::with_capacity(limited, READ_CHUNK)
-                    .map_err(StorageError::from)
-                    .boxed()
+                let limited = tokio::io::AsyncReadExt::take(file, range.end.saturating_sub(range.start));
+                ReaderStream::with_capacity(limited, READ_CHUNK).map_err(StorageError::from).boxed()
             }
         };
         Ok(stream)
@@ -104,11 +99,7 @@ impl ObjectStore for DirStore {
                 if name.starts_with('.') {
                     continue;
                 }
-                let key = if relative.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{relative}/{name}")
-                };
+                let key = if relative.is_empty() { name.to_owned() } else { format!("{relative}/{name}") };
                 if entry.file_type().await?.is_dir() {
                     if prefix.starts_with(&key) || key.starts_with(prefix) {
                         pending.push((entry.path(), key));

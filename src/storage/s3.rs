@@ -42,9 +42,7 @@ pub struct S3Store {
     prefix: String,
 }
 
-fn backend<E: std::error::Error + 'static, R: std::fmt::Debug>(
-    error: SdkError<E, R>,
-) -> StorageError {
+fn backend<E: std::error::Error + 'static, R: std::fmt::Debug>(error: SdkError<E, R>) -> StorageError {
     StorageError::Backend(DisplayErrorContext(error).to_string())
 }
 
@@ -73,11 +71,7 @@ impl S3Store {
             "" => String::new(),
             trimmed => format!("{trimmed}/"),
         };
-        Self {
-            client: Client::from_conf(config.build()),
-            bucket: settings.bucket,
-            prefix,
-        }
+        Self { client: Client::from_conf(config.build()), bucket: settings.bucket, prefix }
     }
 
     fn object_key(&self, key: &Key) -> String {
@@ -99,11 +93,7 @@ impl ObjectStore for S3Store {
     }
 
     async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
-        let mut request = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.object_key(key));
+        let mut request = self.client.get_object().bucket(&self.bucket).key(self.object_key(key));
         if let Some(range) = &range {
             if range.start >= range.end {
                 // S3 has no way to ask for zero bytes; the object must still exist.
@@ -120,11 +110,7 @@ impl ObjectStore for S3Store {
                 return Err(StorageError::NotFound(key.to_string()));
             }
             // A range past the end of the object reads as nothing, as on a filesystem.
-            Err(error)
-                if error
-                    .raw_response()
-                    .is_some_and(|r| r.status().as_u16() == 416) =>
-            {
+            Err(error) if error.raw_response().is_some_and(|r| r.status().as_u16() == 416) => {
                 return Ok(futures_util::stream::empty().boxed());
             }
             Err(error) => return Err(backend(error)),
@@ -140,11 +126,7 @@ impl ObjectStore for S3Store {
     }
 
     async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
-        let request = self
-            .client
-            .head_object()
-            .bucket(&self.bucket)
-            .key(self.object_key(key));
+        let request = self.client.head_object().bucket(&self.bucket).key(self.object_key(key));
         match request.send().await {
             Ok(output) => Ok(Some(output.content_length().unwrap_or(0).max(0) as u64)),
             Err(error) if error.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
@@ -153,20 +135,10 @@ impl ObjectStore for S3Store {
     }
 
     async fn delete(&self, key: &Key) -> Result<(), StorageError> {
-        let request = self
-            .client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(self.object_key(key));
+        let request = self.client.delete_object().bucket(&self.bucket).key(self.object_key(key));
         match request.send().await {
             Ok(_) => Ok(()),
-            Err(error)
-                if error
-                    .raw_response()
-                    .is_some_and(|r| r.status().as_u16() == 404) =>
-            {
-                Ok(())
-            }
+            Err(error) if error.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(()),
             Err(error) => Err(backend(error)),
         }
     }
@@ -182,10 +154,7 @@ impl ObjectStore for S3Store {
         let mut keys = Vec::new();
         while let Some(page) = pages.next().await {
             for object in page.map_err(backend)?.contents() {
-                let key = object
-                    .key()
-                    .and_then(|k| k.strip_prefix(&self.prefix))
-                    .and_then(Key::parse);
+                let key = object.key().and_then(|k| k.strip_prefix(&self.prefix)).and_then(Key::parse);
                 keys.extend(key);
             }
         }
@@ -220,16 +189,10 @@ impl S3Writer {
                 .await
                 .map_err(backend)?;
             let id = created.upload_id().unwrap_or_default().to_owned();
-            self.upload = Some(MultipartUpload {
-                id,
-                parts: Vec::new(),
-            });
+            self.upload = Some(MultipartUpload { id, parts: Vec::new() });
         }
         let body = self.buffer.split().freeze();
-        let upload = self
-            .upload
-            .as_mut()
-            .expect("multipart upload started above");
+        let upload = self.upload.as_mut().expect("multipart upload started above");
         let part_number = upload.parts.len() as i32 + 1;
         let uploaded = self
             .client
@@ -243,10 +206,7 @@ impl S3Writer {
             .await
             .map_err(backend)?;
         upload.parts.push(
-            CompletedPart::builder()
-                .part_number(part_number)
-                .set_e_tag(uploaded.e_tag().map(str::to_owned))
-                .build(),
+            CompletedPart::builder().part_number(part_number).set_e_tag(uploaded.e_tag().map(str::to_owned)).build(),
         );
         Ok(())
     }
@@ -255,11 +215,7 @@ impl S3Writer {
         if self.upload.is_none() {
             let body = self.buffer.split().freeze();
             let request = self.client.put_object().bucket(&self.bucket).key(&self.key);
-            request
-                .body(S3Body::from(body))
-                .send()
-                .await
-                .map_err(backend)?;
+            request.body(S3Body::from(body)).send().await.map_err(backend)?;
             return Ok(());
         }
         if !self.buffer.is_empty() {
@@ -271,11 +227,7 @@ impl S3Writer {
             .bucket(&self.bucket)
             .key(&self.key)
             .upload_id(&upload.id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(upload.parts.clone()))
-                    .build(),
-            )
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(upload.parts.clone())).build())
             .send()
             .await
             .map_err(backend)?;
@@ -285,12 +237,7 @@ impl S3Writer {
 
     fn abort_request(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
         let upload = self.upload.take()?;
-        let request = self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .upload_id(upload.id);
+        let request = self.client.abort_multipart_upload().bucket(&self.bucket).key(&self.key).upload_id(upload.id);
         Some(async move {
             if let Err(error) = request.send().await {
                 tracing::warn!(error = %DisplayErrorContext(error), "could not abort a multipart upload");
@@ -329,9 +276,7 @@ impl ObjectWriter for S3Writer {
 
 impl Drop for S3Writer {
     fn drop(&mut self) {
-        if let (Some(abort), Ok(runtime)) =
-            (self.abort_request(), tokio::runtime::Handle::try_current())
-        {
+        if let (Some(abort), Ok(runtime)) = (self.abort_request(), tokio::runtime::Handle::try_current()) {
             runtime.spawn(abort);
         }
     }

@@ -48,9 +48,7 @@ impl<'a> LineFacts<'a> {
     pub fn read(line: &'a [u8]) -> Result<Self, Shape> {
         let text = std::str::from_utf8(line).map_err(|_| Shape::NotJson)?;
         let mut deserializer = serde_json::Deserializer::from_str(text);
-        let facts = deserializer
-            .deserialize_any(LineVisitor)
-            .map_err(|_| Shape::NotJson)?;
+        let facts = deserializer.deserialize_any(LineVisitor).map_err(|_| Shape::NotJson)?;
         deserializer.end().map_err(|_| Shape::NotJson)?;
         facts.ok_or(Shape::NotObject)
     }
@@ -120,12 +118,10 @@ struct Key<'a>(Cow<'a, str>);
 
 impl<'de> serde::Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_str(TextVisitor)
-            .and_then(|text| match text {
-                Text::Value(text) => Ok(Key(text)),
-                _ => Err(de::Error::custom("object keys are strings")),
-            })
+        deserializer.deserialize_str(TextVisitor).and_then(|text| match text {
+            Text::Value(text) => Ok(Key(text)),
+            _ => Err(de::Error::custom("object keys are strings")),
+        })
     }
 }
 

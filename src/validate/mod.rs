@@ -11,8 +11,7 @@ mod rules;
 mod shards;
 
 pub use rules::{
-    ALLOWED_URLS, InvalidInput, MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_LINES, endpoint_mismatch,
-    file_too_large,
+    ALLOWED_URLS, InvalidInput, MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_LINES, endpoint_mismatch, file_too_large,
 };
 pub use shards::{Shard, ShardPlan};
 
@@ -54,11 +53,7 @@ impl Validator {
     }
 
     /// As [`Validator::new`], with another set of batchable urls.
-    pub fn with_allowed_urls(
-        endpoint: &str,
-        shard_lines: u32,
-        allowed_urls: &'static [&'static str],
-    ) -> Self {
+    pub fn with_allowed_urls(endpoint: &str, shard_lines: u32, allowed_urls: &'static [&'static str]) -> Self {
         Self {
             endpoint: endpoint.to_owned(),
             allowed_urls,
@@ -122,11 +117,7 @@ impl Validator {
             return Err(InvalidInput::no_lines());
         }
         let url = self.url.take().unwrap_or_default();
-        Ok(ValidInput {
-            requests: self.requests,
-            url,
-            shards: self.planner.finish(),
-        })
+        Ok(ValidInput { requests: self.requests, url, shards: self.planner.finish() })
     }
 
     fn remember(&mut self, result: Result<(), InvalidInput>) -> Result<(), InvalidInput> {
@@ -162,14 +153,7 @@ impl Validator {
             return Err(InvalidInput::too_many_lines());
         }
         let facts = LineFacts::read(line).map_err(|shape| InvalidInput::bad_line(n, shape))?;
-        rules::check(
-            &facts,
-            n,
-            &mut self.custom_ids,
-            &mut self.url,
-            &self.endpoint,
-            self.allowed_urls,
-        )?;
+        rules::check(&facts, n, &mut self.custom_ids, &mut self.url, &self.endpoint, self.allowed_urls)?;
         self.planner.add(start, end);
         self.requests += 1;
         Ok(())
@@ -177,11 +161,7 @@ impl Validator {
 }
 
 /// Validates a whole input held in memory (tests, small inputs).
-pub fn validate(
-    input: &[u8],
-    endpoint: &str,
-    shard_lines: u32,
-) -> Result<ValidInput, InvalidInput> {
+pub fn validate(input: &[u8], endpoint: &str, shard_lines: u32) -> Result<ValidInput, InvalidInput> {
     let mut validator = Validator::new(endpoint, shard_lines);
     validator.feed(input)?;
     validator.finish()

@@ -24,19 +24,11 @@ pub struct InvalidInput {
 
 impl InvalidInput {
     fn file(message: String) -> Self {
-        Self {
-            message,
-            line: None,
-            param: None,
-        }
+        Self { message, line: None, param: None }
     }
 
     fn at(line: u64, message: String, param: Option<&'static str>) -> Self {
-        Self {
-            message,
-            line: Some(line),
-            param,
-        }
+        Self { message, line: Some(line), param }
     }
 
     pub fn no_lines() -> Self {
@@ -48,11 +40,7 @@ impl InvalidInput {
     }
 
     pub fn line_too_long(n: u64) -> Self {
-        Self::at(
-            n,
-            format!("Line {n} exceeds maximum size of {MAX_LINE_BYTES} bytes"),
-            None,
-        )
+        Self::at(n, format!("Line {n} exceeds maximum size of {MAX_LINE_BYTES} bytes"), None)
     }
 
     pub(super) fn bad_line(n: u64, shape: Shape) -> Self {
@@ -64,16 +52,12 @@ impl InvalidInput {
 }
 
 pub fn file_too_large() -> InvalidInput {
-    InvalidInput::file(format!(
-        "Input file exceeds maximum size of {MAX_FILE_BYTES} bytes"
-    ))
+    InvalidInput::file(format!("Input file exceeds maximum size of {MAX_FILE_BYTES} bytes"))
 }
 
 pub fn endpoint_mismatch(endpoint: &str, url: &str) -> InvalidInput {
     InvalidInput {
-        message: format!(
-            "endpoint \"{endpoint}\" does not match the url \"{url}\" used by the input file"
-        ),
+        message: format!("endpoint \"{endpoint}\" does not match the url \"{url}\" used by the input file"),
         line: None,
         param: Some("endpoint"),
     }
@@ -114,39 +98,23 @@ pub fn check(
     let custom_id = match &facts.custom_id {
         Text::Value(id) if !id.is_empty() => id,
         _ => {
-            return Err(InvalidInput::at(
-                n,
-                format!("Line {n} is missing custom_id"),
-                Some("custom_id"),
-            ));
+            return Err(InvalidInput::at(n, format!("Line {n} is missing custom_id"), Some("custom_id")));
         }
     };
     if !custom_ids.insert(custom_id) {
         // The spec's example shows `param: null` for this one.
-        return Err(InvalidInput::at(
-            n,
-            format!("Line {n} duplicates custom_id \"{custom_id}\""),
-            None,
-        ));
+        return Err(InvalidInput::at(n, format!("Line {n} duplicates custom_id \"{custom_id}\""), None));
     }
     match &facts.method {
         Text::Value(method) if method.eq_ignore_ascii_case("POST") => {}
         _ => {
-            return Err(InvalidInput::at(
-                n,
-                format!("Line {n} method must be \"POST\""),
-                Some("method"),
-            ));
+            return Err(InvalidInput::at(n, format!("Line {n} method must be \"POST\""), Some("method")));
         }
     }
     let url = match &facts.url {
         Text::Value(url) => url,
         _ => {
-            return Err(InvalidInput::at(
-                n,
-                format!("Line {n} is missing url"),
-                Some("url"),
-            ));
+            return Err(InvalidInput::at(n, format!("Line {n} is missing url"), Some("url")));
         }
     };
     match batch_url {
@@ -173,19 +141,10 @@ pub fn check(
         }
     }
     match facts.body {
-        Body::Object { keys, .. } if keys == 0 => Err(InvalidInput::at(
-            n,
-            format!("Line {n} is missing body"),
-            Some("body"),
-        )),
-        Body::Missing | Body::NotObject => Err(InvalidInput::at(
-            n,
-            format!("Line {n} is missing body"),
-            Some("body"),
-        )),
-        Body::Object {
-            stream_true: true, ..
-        } => Err(InvalidInput::at(
+        Body::Missing | Body::NotObject | Body::Object { keys: 0, .. } => {
+            Err(InvalidInput::at(n, format!("Line {n} is missing body"), Some("body")))
+        }
+        Body::Object { stream_true: true, .. } => Err(InvalidInput::at(
             n,
             format!("Line {n} has stream=true; streaming is not supported in batch mode"),
             Some("body.stream"),

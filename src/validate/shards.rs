@@ -28,22 +28,12 @@ pub(super) struct ShardPlanner {
 
 impl ShardPlanner {
     pub fn new(shard_lines: u32) -> Self {
-        Self {
-            plan: ShardPlan {
-                shard_lines,
-                shards: Vec::new(),
-            },
-            requests: 0,
-        }
+        Self { plan: ShardPlan { shard_lines, shards: Vec::new() }, requests: 0 }
     }
 
     /// Adds the request whose line spans `[start, end)`.
     pub fn add(&mut self, start: u64, end: u64) {
-        let full = self
-            .plan
-            .shards
-            .last()
-            .is_none_or(|shard| shard.requests == u64::from(self.plan.shard_lines));
+        let full = self.plan.shards.last().is_none_or(|shard| shard.requests == u64::from(self.plan.shard_lines));
         if full {
             let index = self.plan.shards.len() as u32;
             self.plan.shards.push(Shard {
@@ -54,11 +44,7 @@ impl ShardPlanner {
                 byte_end: end,
             });
         }
-        let shard = self
-            .plan
-            .shards
-            .last_mut()
-            .expect("a shard was just ensured");
+        let shard = self.plan.shards.last_mut().expect("a shard was just ensured");
         shard.requests += 1;
         shard.byte_end = end;
         self.requests += 1;

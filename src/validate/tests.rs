@@ -11,11 +11,7 @@ fn line(custom_id: &str) -> String {
 }
 
 fn file(lines: &[String]) -> Vec<u8> {
-    lines
-        .iter()
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        .into_bytes()
+    lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes()
 }
 
 fn refusal(input: &[u8]) -> InvalidInput {
@@ -52,10 +48,7 @@ fn empty_or_whitespace_only_input_contains_no_jsonl_lines() {
 
 #[test]
 fn the_file_size_limit_has_its_message() {
-    assert_eq!(
-        file_too_large().message,
-        "Input file exceeds maximum size of 209715200 bytes"
-    );
+    assert_eq!(file_too_large().message, "Input file exceeds maximum size of 209715200 bytes");
 }
 
 #[test]
@@ -67,24 +60,13 @@ fn more_than_50000_lines_is_refused() {
         input.push(b'\n');
     }
     assert_refused(&input, "Input file exceeds maximum of 50000 lines", None);
-    let exactly: Vec<u8> = input
-        .split(|&b| b == b'\n')
-        .take(50_000)
-        .flat_map(|l| [l, b"\n"].concat())
-        .collect();
+    let exactly: Vec<u8> = input.split(|&b| b == b'\n').take(50_000).flat_map(|l| [l, b"\n"].concat()).collect();
     assert_eq!(validate(&exactly, URL, 5000).unwrap().requests, 50_000);
 }
 
 #[test]
 fn invalid_json_is_reported_with_its_line() {
-    for bad in [
-        "{",
-        "{\"custom_id\": }",
-        "not json",
-        "{\"a\":1} trailing",
-        "[1,2",
-        "{'single':'quotes'}",
-    ] {
+    for bad in ["{", "{\"custom_id\": }", "not json", "{\"a\":1} trailing", "[1,2", "{'single':'quotes'}"] {
         assert_refused(&second_line(bad), "Line 2 is not valid JSON", Some(2));
     }
 }
@@ -108,16 +90,10 @@ fn lines_over_one_megabyte_are_refused_even_split_across_chunks() {
     let padding = "x".repeat(MAX_LINE_BYTES);
     let long = line("long").replace("\"m\"", &format!("\"{padding}\""));
     let input = second_line(&long);
-    assert_refused(
-        &input,
-        "Line 2 exceeds maximum size of 1048576 bytes",
-        Some(2),
-    );
+    assert_refused(&input, "Line 2 exceeds maximum size of 1048576 bytes", Some(2));
     for chunk_size in [1, 7, 4096, 65_536] {
         let mut validator = Validator::new(URL, 5000);
-        let error = input
-            .chunks(chunk_size)
-            .find_map(|chunk| validator.feed(chunk).err());
+        let error = input.chunks(chunk_size).find_map(|chunk| validator.feed(chunk).err());
         let error = error.or_else(|| validator.finish().err()).unwrap();
         assert_eq!(error.line, Some(2), "chunk size {chunk_size}");
     }
@@ -126,10 +102,7 @@ fn lines_over_one_megabyte_are_refused_even_split_across_chunks() {
     let fill = MAX_LINE_BYTES - base.len();
     let exact = base.replace("\"m\"", &format!("\"m{}\"", "y".repeat(fill)));
     assert_eq!(exact.len(), MAX_LINE_BYTES);
-    assert_eq!(
-        validate(&second_line(&exact), URL, 5000).unwrap().requests,
-        2
-    );
+    assert_eq!(validate(&second_line(&exact), URL, 5000).unwrap().requests, 2);
 }
 
 #[test]
@@ -147,23 +120,13 @@ fn custom_id_must_be_a_non_empty_string() {
 
 #[test]
 fn duplicated_custom_ids_name_the_id_and_the_later_line() {
-    let input = file(&[
-        line("req-1"),
-        line("req-2"),
-        line("req-3"),
-        line("req-4"),
-        line("req-1"),
-    ]);
+    let input = file(&[line("req-1"), line("req-2"), line("req-3"), line("req-4"), line("req-1")]);
     let error = refusal(&input);
     assert_eq!(error.message, "Line 5 duplicates custom_id \"req-1\"");
     assert_eq!(error.line, Some(5));
     assert_eq!(error.param, None, "as in the spec's example");
     // Escapes are decoded before comparing, and long ids are compared too.
-    assert_refused(
-        &file(&[line("req-1"), line("req-\\u0031")]),
-        "Line 2 duplicates custom_id \"req-1\"",
-        Some(2),
-    );
+    assert_refused(&file(&[line("req-1"), line("req-\\u0031")]), "Line 2 duplicates custom_id \"req-1\"", Some(2));
     let long_id = "z".repeat(5000);
     let input = file(&[line(&long_id), line("other"), line(&long_id)]);
     assert_eq!(refusal(&input).line, Some(3));
@@ -173,18 +136,10 @@ fn duplicated_custom_ids_name_the_id_and_the_later_line() {
 fn method_must_be_post_in_any_case() {
     for bad in ["GET", "PUT", "", "POSTS"] {
         let bad_line = line("b").replace("\"POST\"", &format!("\"{bad}\""));
-        assert_refused(
-            &second_line(&bad_line),
-            "Line 2 method must be \"POST\"",
-            Some(2),
-        );
+        assert_refused(&second_line(&bad_line), "Line 2 method must be \"POST\"", Some(2));
     }
     let missing = line("b").replace("\"method\":\"POST\",", "");
-    assert_refused(
-        &second_line(&missing),
-        "Line 2 method must be \"POST\"",
-        Some(2),
-    );
+    assert_refused(&second_line(&missing), "Line 2 method must be \"POST\"", Some(2));
     let lower = line("b").replace("\"POST\"", "\"post\"");
     assert!(validate(&second_line(&lower), URL, 5000).is_ok());
 }
@@ -207,11 +162,7 @@ fn a_url_that_is_not_batchable_is_refused() {
     ] {
         let bad_line = line("a").replace(URL, bad);
         let input = file(&[bad_line]);
-        assert_refused(
-            &input,
-            &format!("Line 1 url \"{bad}\" is not an allowed batch endpoint"),
-            Some(1),
-        );
+        assert_refused(&input, &format!("Line 1 url \"{bad}\" is not an allowed batch endpoint"), Some(1));
     }
 }
 
@@ -221,11 +172,7 @@ fn lines_that_disagree_on_url_are_refused() {
     let other = line("b").replace(URL, "/v1/embeddings");
     let input = file(&[line("a"), other]);
     let mut validator = Validator::with_allowed_urls(URL, 5000, TWO);
-    let error = validator
-        .feed(&input)
-        .err()
-        .or_else(|| validator.finish().err())
-        .unwrap();
+    let error = validator.feed(&input).err().or_else(|| validator.finish().err()).unwrap();
     assert_eq!(
         error.message,
         "Line 2 url \"/v1/embeddings\" does not match the batch endpoint \"/v1/chat/completions\""
@@ -242,10 +189,7 @@ fn lines_that_disagree_on_url_are_refused() {
 #[test]
 fn body_must_be_a_non_empty_object() {
     for body in ["{}", "[]", "null", "\"text\"", "3"] {
-        let bad = line("b").replace(
-            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
-            body,
-        );
+        let bad = line("b").replace(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#, body);
         assert_refused(&second_line(&bad), "Line 2 is missing body", Some(2));
     }
     let missing = r#"{"custom_id":"b","method":"POST","url":"/v1/chat/completions"}"#;
@@ -261,14 +205,8 @@ fn stream_true_is_refused_but_other_stream_values_are_not() {
         Some(2),
     );
     for value in ["false", "\"true\"", "null", "1"] {
-        let fine = line("b").replace(
-            "\"model\":\"m\"",
-            &format!("\"model\":\"m\",\"stream\":{value}"),
-        );
-        assert!(
-            validate(&second_line(&fine), URL, 5000).is_ok(),
-            "stream: {value}"
-        );
+        let fine = line("b").replace("\"model\":\"m\"", &format!("\"model\":\"m\",\"stream\":{value}"));
+        assert!(validate(&second_line(&fine), URL, 5000).is_ok(), "stream: {value}");
     }
 }
 
@@ -286,17 +224,9 @@ fn the_create_endpoint_must_match_the_files_url() {
 #[test]
 fn blank_lines_are_skipped_but_counted_for_line_numbers() {
     let input = format!("\n{}\n\n   \n{}\n", line("a"), line("a"));
-    assert_refused(
-        input.as_bytes(),
-        "Line 5 duplicates custom_id \"a\"",
-        Some(5),
-    );
+    assert_refused(input.as_bytes(), "Line 5 duplicates custom_id \"a\"", Some(5));
     let valid = format!("\n{}\n\n{}", line("a"), line("b"));
-    assert_eq!(
-        validate(valid.as_bytes(), URL, 5000).unwrap().requests,
-        2,
-        "no trailing newline needed"
-    );
+    assert_eq!(validate(valid.as_bytes(), URL, 5000).unwrap().requests, 2, "no trailing newline needed");
 }
 
 #[test]
@@ -327,16 +257,10 @@ fn shards_cover_every_request_with_exact_byte_ranges() {
     assert_eq!(plan.shards.iter().map(|s| s.requests).sum::<u64>(), 23);
     for shard in &plan.shards {
         let bytes = &input[shard.byte_start as usize..shard.byte_end as usize];
-        let requests: Vec<&[u8]> = bytes
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .collect();
+        let requests: Vec<&[u8]> = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect();
         assert_eq!(requests.len() as u64, shard.requests);
         let first = String::from_utf8_lossy(requests[0]);
-        assert!(
-            first.contains(&format!("\"r{}\"", shard.first_request)),
-            "{first}"
-        );
+        assert!(first.contains(&format!("\"r{}\"", shard.first_request)), "{first}");
     }
 }
 
@@ -345,14 +269,9 @@ fn chunk_boundaries_do_not_change_the_verdict() {
     let input = file(&[line("a"), line("b"), "[1]".into(), line("c")]);
     for size in 1..40 {
         let mut validator = Validator::new(URL, 2);
-        let error = input
-            .chunks(size)
-            .find_map(|chunk| validator.feed(chunk).err());
+        let error = input.chunks(size).find_map(|chunk| validator.feed(chunk).err());
         let error = error.or_else(|| validator.finish().err()).unwrap();
-        assert_eq!(
-            error.message, "Line 3 must be a JSON object",
-            "chunk size {size}"
-        );
+        assert_eq!(error.message, "Line 3 must be a JSON object", "chunk size {size}");
     }
     let valid = file(&[line("a"), line("b"), line("c")]);
     let whole = validate(&valid, URL, 2).unwrap();

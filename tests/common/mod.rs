@@ -31,11 +31,7 @@ pub const OTHER_PROJECT: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
 pub const OTHER_KEY: &str = "other-key";
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
@@ -78,12 +74,7 @@ impl TestS3 {
             .spawn()
             .expect("s3s-fs starts");
         wait_for_port(port, &mut child, "s3s-fs");
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            bucket,
-            _root: root,
-        }
+        Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket, _root: root }
     }
 
     pub fn settings(&self, prefix: &str) -> S3Settings {
@@ -135,11 +126,7 @@ pub fn projects() -> Projects {
     let project = |id: &str, key: &str| ProjectConfig {
         id: ProjectId::parse(id).unwrap(),
         name: None,
-        api_keys: vec![ApiKeyConfig {
-            plain: Some(key.into()),
-            sha256: None,
-            active: true,
-        }],
+        api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
         quota: None,
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
@@ -161,12 +148,8 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// Asserts the OpenAI error envelope and returns its `error` object.
@@ -175,15 +158,9 @@ impl Answer {
         assert_eq!(self.status, status, "{json}");
         let error = &json["error"];
         assert_eq!(error["code"], code, "{json}");
-        assert!(
-            error["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "{json}"
-        );
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{json}");
         assert!(error["type"].is_string(), "{json}");
-        assert!(
-            error.get("param").is_some(),
-            "param is always present: {json}"
-        );
+        assert!(error.get("param").is_some(), "param is always present: {json}");
         error.clone()
     }
 }
@@ -194,27 +171,16 @@ impl TestApp {
     }
 
     /// Files in `store`, batch documents in `batch_objects`.
-    pub async fn with_batch_objects(
-        store: Arc<dyn ObjectStore>,
-        batch_objects: Arc<dyn ObjectStore>,
-    ) -> Self {
+    pub async fn with_batch_objects(store: Arc<dyn ObjectStore>, batch_objects: Arc<dyn ObjectStore>) -> Self {
         let files = FileCatalog::new(store.clone(), Duration::from_secs(30 * 86_400));
         let batches = Arc::new(EmbeddedBatchStore::open(batch_objects).await.unwrap());
         let state = AppState {
             projects: Arc::new(projects()),
             files: files.clone(),
             batches: batches.clone(),
-            batch_settings: BatchSettings {
-                completion_window: Duration::from_secs(86_400),
-                shard_lines: 3,
-            },
+            batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
         };
-        Self {
-            router: api::router(state),
-            store,
-            files,
-            batches,
-        }
+        Self { router: api::router(state), store, files, batches }
     }
 
     pub async fn post_json(&self, uri: &str, body: serde_json::Value) -> Answer {
@@ -230,46 +196,27 @@ impl TestApp {
         let status = response.status();
         let headers = response.headers().clone();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        Answer {
-            status,
-            headers,
-            body,
-        }
+        Answer { status, headers, body }
     }
 
     /// A request authenticated as [`PROJECT`].
     pub fn request(method: &str, uri: &str) -> axum::http::request::Builder {
-        Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("x-project-id", PROJECT)
-            .header("x-api-key", KEY)
+        Request::builder().method(method).uri(uri).header("x-project-id", PROJECT).header("x-api-key", KEY)
     }
 
     pub async fn get(&self, uri: &str) -> Answer {
-        self.send(Self::request("GET", uri).body(Body::empty()).unwrap())
-            .await
+        self.send(Self::request("GET", uri).body(Body::empty()).unwrap()).await
     }
 
     pub async fn delete(&self, uri: &str) -> Answer {
-        self.send(Self::request("DELETE", uri).body(Body::empty()).unwrap())
-            .await
+        self.send(Self::request("DELETE", uri).body(Body::empty()).unwrap()).await
     }
 
     /// Uploads `content` as a batch file named `name`, expecting success.
     pub async fn upload(&self, name: &str, content: &[u8]) -> serde_json::Value {
-        let form = multipart::Form::new()
-            .text("purpose", "batch")
-            .file("file", name, content);
-        let answer = self
-            .send(form.request(Self::request("POST", "/v1/files")))
-            .await;
-        assert_eq!(
-            answer.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&answer.body)
-        );
+        let form = multipart::Form::new().text("purpose", "batch").file("file", name, content);
+        let answer = self.send(form.request(Self::request("POST", "/v1/files"))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer.body));
         answer.json()
     }
 }

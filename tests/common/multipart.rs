@@ -18,10 +18,7 @@ impl Form {
 
     pub fn text(mut self, name: &str, value: &str) -> Self {
         self.body.extend_from_slice(
-            format!(
-                "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
-            )
-            .as_bytes(),
+            format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes(),
         );
         self
     }
@@ -40,17 +37,13 @@ impl Form {
     }
 
     pub fn finish(mut self) -> Vec<u8> {
-        self.body
-            .extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+        self.body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
         self.body
     }
 
     pub fn request(self, builder: Builder) -> Request<Body> {
         builder
-            .header(
-                "content-type",
-                format!("multipart/form-data; boundary={BOUNDARY}"),
-            )
+            .header("content-type", format!("multipart/form-data; boundary={BOUNDARY}"))
             .body(Body::from(self.finish()))
             .unwrap()
     }

@@ -16,6 +16,8 @@ pub struct Serve {
 
 impl Serve {
     /// Starts `nightshift serve` on a free port over `data_dir`, with `extra` arguments.
+    // A start that times out panics the test, and the test process's exit ends the child.
+    #[allow(clippy::zombie_processes)]
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
             .arg("serve")

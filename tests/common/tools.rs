@@ -5,9 +5,7 @@ use std::path::PathBuf;
 fn cache_dir() -> PathBuf {
     match std::env::var_os("NIGHTSHIFT_CACHE") {
         Some(dir) => PathBuf::from(dir),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/nightshift")
-        }
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/nightshift"),
     }
 }
 
@@ -25,18 +23,10 @@ fn find(env: &str, cached: PathBuf, what: &str) -> PathBuf {
 
 /// The s3s-fs binary (a real S3 server).
 pub fn s3s_fs() -> PathBuf {
-    find(
-        "NIGHTSHIFT_S3S_FS",
-        cache_dir().join("tools/bin/s3s-fs"),
-        "s3s-fs",
-    )
+    find("NIGHTSHIFT_S3S_FS", cache_dir().join("tools/bin/s3s-fs"), "s3s-fs")
 }
 
 /// A Python with the official OpenAI SDK installed.
 pub fn python() -> PathBuf {
-    find(
-        "NIGHTSHIFT_PYTHON",
-        cache_dir().join("venv/bin/python"),
-        "the Python venv with the openai SDK",
-    )
+    find("NIGHTSHIFT_PYTHON", cache_dir().join("venv/bin/python"), "the Python venv with the openai SDK")
 }
