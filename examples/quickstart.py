@@ -12,6 +12,7 @@ dev project that `nightshift serve` made under its data directory
 import json
 import os
 import pathlib
+import time
 
 from openai import OpenAI
 
@@ -64,10 +65,24 @@ batch = client.batches.create(
     metadata={"example": "quickstart"},
 )
 print(f"created batch {batch.id}: status {batch.status}, {batch.request_counts.total} requests")
-batch = client.batches.retrieve(batch.id)
-print(f"batch {batch.id} is {batch.status}: {batch.request_counts}")
 
-# 4. A scratch file, uploaded and deleted.
+# 4. Wait for it, then read the results (the built-in echo model answers with the question).
+while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    time.sleep(0.5)
+    batch = client.batches.retrieve(batch.id)
+counts = batch.request_counts
+print(f"batch {batch.id} is {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}")
+if batch.output_file_id:
+    for line in client.files.content(batch.output_file_id).text.splitlines():
+        record = json.loads(line)
+        answer = record["response"]["body"]["choices"][0]["message"]["content"]
+        print(f"  {record['custom_id']}: {answer}")
+if batch.error_file_id:
+    for line in client.files.content(batch.error_file_id).text.splitlines():
+        record = json.loads(line)
+        print(f"  FAILED {record['custom_id']}: [{record['error']['code']}] {record['error']['message']}")
+
+# 5. A scratch file, uploaded and deleted.
 scratch = client.files.create(file=("scratch.jsonl", payload), purpose="batch")
 deleted = client.files.delete(scratch.id)
 print(f"deleted {deleted.id}: {deleted.deleted}")

@@ -85,6 +85,11 @@ impl Projects {
         self.by_id.get(id)
     }
 
+    /// Every project's token quota, for those that have one.
+    pub fn quotas(&self) -> impl Iterator<Item = (ProjectId, u64)> + '_ {
+        self.by_id.values().filter_map(|p| p.quota_tokens.map(|q| (p.id.clone(), q)))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }

@@ -132,6 +132,12 @@ pub struct UpstreamConfig {
     pub models: Vec<String>,
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: usize,
+    /// How long one attempt of one request may take.
+    #[serde(default = "default_upstream_timeout", deserialize_with = "duration::deserialize")]
+    pub timeout: Duration,
+    /// The wait before the first retry; doubled for each further one (with jitter).
+    #[serde(default = "default_retry_base_delay", deserialize_with = "duration::deserialize_precise")]
+    pub retry_base_delay: Duration,
 }
 
 fn all_models() -> Vec<String> {
@@ -139,6 +145,12 @@ fn all_models() -> Vec<String> {
 }
 fn default_max_concurrency() -> usize {
     64
+}
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_retry_base_delay() -> Duration {
+    Duration::from_millis(500)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -149,6 +161,15 @@ pub struct BatchesConfig {
     pub completion_window: Duration,
     #[serde(default = "default_shard_lines")]
     pub shard_lines: u32,
+    /// How often a worker commits its results: the most work a crash can cost.
+    #[serde(default = "default_checkpoint_interval", deserialize_with = "duration::deserialize_precise")]
+    pub checkpoint_interval: Duration,
+    /// How long lines in flight may take to finish after a cancel or expiry.
+    #[serde(default = "default_cancel_grace", deserialize_with = "duration::deserialize_precise")]
+    pub cancel_grace: Duration,
+    /// How often `serve` reconciles unfinished batches (live counts, expiry).
+    #[serde(default = "default_reconcile_interval", deserialize_with = "duration::deserialize_precise")]
+    pub reconcile_interval: Duration,
 }
 
 fn default_window() -> Duration {
@@ -158,9 +179,25 @@ fn default_shard_lines() -> u32 {
     5000
 }
 
+fn default_checkpoint_interval() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_cancel_grace() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_reconcile_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
 impl Default for BatchesConfig {
     fn default() -> Self {
-        Self { completion_window: default_window(), shard_lines: default_shard_lines() }
+        Self {
+            completion_window: default_window(),
+            shard_lines: default_shard_lines(),
+            checkpoint_interval: default_checkpoint_interval(),
+            cancel_grace: default_cancel_grace(),
+            reconcile_interval: default_reconcile_interval(),
+        }
     }
 }
 

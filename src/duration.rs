@@ -37,6 +37,21 @@ pub fn parse(raw: &str) -> Option<Duration> {
     Some(Duration::from_secs(total))
 }
 
+/// Like [`parse`], also taking milliseconds: `250ms`.
+pub fn parse_precise(raw: &str) -> Option<Duration> {
+    match raw.trim().strip_suffix("ms") {
+        Some(millis) => millis.trim().parse::<u64>().ok().map(Duration::from_millis),
+        None => parse(raw),
+    }
+}
+
+/// `#[serde(deserialize_with = "duration::deserialize_precise")]`
+pub fn deserialize_precise<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let raw = String::deserialize(deserializer)?;
+    parse_precise(&raw)
+        .ok_or_else(|| serde::de::Error::custom(format!("{raw:?} is not a duration like 500ms, 30s or 1m")))
+}
+
 /// `#[serde(deserialize_with = "duration::deserialize")]`
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let raw = String::deserialize(deserializer)?;
@@ -56,5 +71,8 @@ mod tests {
         for bad in ["", "h", "1x", "1h30", "-1s", "99999999999999999999s"] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
+        assert_eq!(parse_precise("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_precise("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse("250ms"), None, "whole units only where milliseconds make no sense");
     }
 }

@@ -9,7 +9,11 @@ use crate::api::{self, AppState};
 use crate::auth::Projects;
 use crate::batches::{BatchSettings, EmbeddedBatchStore};
 use crate::config::{Config, StorageConfig};
+use crate::exec::upstream::Upstreams;
+use crate::exec::{ExecContext, ExecSettings};
 use crate::files::{self, FileCatalog};
+use crate::quota::QuotaLedger;
+use crate::runner::Runner;
 use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store};
 
 pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
@@ -42,18 +46,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         project_configs.push(dev.project());
     }
     let files = FileCatalog::new(store.clone(), config.files.retention);
-    let batches = EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?;
+    let batches = Arc::new(EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?);
+    let projects = Projects::from_config(&project_configs);
+    let quota = Arc::new(QuotaLedger::new(&projects));
+    let upstreams = Upstreams::from_config(&config.upstreams).map_err(anyhow::Error::msg)?;
+    if config.upstreams.is_empty() {
+        println!("No upstreams configured: every model is served by the built-in echo model.");
+    }
+    let settings = ExecSettings {
+        checkpoint_interval: config.batches.checkpoint_interval,
+        cancel_grace: config.batches.cancel_grace,
+    };
+    let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
+    let runner = Arc::new(Runner::new(batches.clone(), exec, config.batches.reconcile_interval));
     let state = AppState {
-        projects: Arc::new(Projects::from_config(&project_configs)),
+        projects: Arc::new(projects),
         files: files.clone(),
-        batches: Arc::new(batches),
+        batches,
         batch_settings: BatchSettings {
             completion_window: config.batches.completion_window,
             shard_lines: config.batches.shard_lines,
         },
+        quota,
+        wake: runner.waker(),
     };
 
-    let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval));
+    let pins = runner.clone();
+    let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
+        let pins = pins.clone();
+        async move { pins.pinned_inputs().await }
+    }));
+    let reconciler = tokio::spawn(runner.run());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -63,6 +86,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(%address, "serving");
     axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
     gc.abort();
+    reconciler.abort();
     Ok(())
 }
 

@@ -272,14 +272,14 @@ async fn garbage_collection_removes_deleted_and_expired_files_only() {
     app.delete(&format!("/v1/files/{deleted}")).await;
     assert_eq!(app.store.list("file-data/").await.unwrap().len(), 2, "deletion is soft until collected");
 
-    assert_eq!(app.files.collect_garbage(nightshift::clock::now()).await.unwrap(), 1);
+    assert_eq!(app.files.collect_garbage(nightshift::clock::now(), &Default::default()).await.unwrap(), 1);
     assert_eq!(app.store.list("file-data/").await.unwrap().len(), 1);
     assert_eq!(app.store.list("file-meta/").await.unwrap().len(), 1);
     assert_eq!(app.get(&format!("/v1/files/{kept}")).await.status, StatusCode::OK);
 
     // Thirty days and a second later, the kept file has expired too.
     let later = nightshift::clock::now() + 30 * 86_400 + 1;
-    assert_eq!(app.files.collect_garbage(later).await.unwrap(), 1);
+    assert_eq!(app.files.collect_garbage(later, &Default::default()).await.unwrap(), 1);
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }
 
@@ -436,6 +436,6 @@ async fn the_whole_file_cycle_works_over_s3() {
     assert_eq!(app.get("/v1/files").await.json()["data"][0]["id"], id);
     assert_eq!(app.delete(&format!("/v1/files/{id}")).await.status, StatusCode::OK);
     app.get(&format!("/v1/files/{id}")).await.error(StatusCode::NOT_FOUND, "file_not_found");
-    assert_eq!(app.files.collect_garbage(nightshift::clock::now()).await.unwrap(), 1);
+    assert_eq!(app.files.collect_garbage(nightshift::clock::now(), &Default::default()).await.unwrap(), 1);
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }

@@ -31,7 +31,8 @@ fn quickstart_uploads_a_file_and_creates_a_batch() {
     assert!(stdout.contains("ours is among them: True"), "{stdout}");
     assert!(stdout.contains("identical bytes"), "{stdout}");
     assert!(stdout.contains("created batch batch_"), "{stdout}");
-    assert!(stdout.contains("status in_progress"), "{stdout}");
+    assert!(stdout.contains("is completed: 3 completed, 0 failed of 3"), "{stdout}");
+    assert!(stdout.contains("req-1: What is the capital of France?"), "{stdout}");
 }
 
 #[test]
@@ -51,11 +52,23 @@ fn the_sdk_sees_files_pagination_and_typed_errors() {
     assert!(stdout.contains("files SDK checks passed"), "{stdout}");
 }
 
-#[test]
-fn the_sdk_creates_retrieves_lists_and_cancels_batches() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_creates_retrieves_lists_runs_and_cancels_batches() {
+    let upstream = common::upstream::MockUpstream::start().await;
+    upstream.delay(std::time::Duration::from_millis(200));
     let data = TempDir::new().unwrap();
-    let serve = Serve::start(data.path(), &[]);
-    let stdout = run_python("tests/e2e/batches_sdk.py", &serve);
+    let config = common::write_config(
+        data.path(),
+        &format!(
+            "upstreams:\n  - name: slow\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: 1\n\
+             batches:\n  reconcile_interval: 100ms\n  cancel_grace: 5s\n",
+            upstream.base_url
+        ),
+    );
+    let mut serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
+    serve.project_id = Some(common::PROJECT.into());
+    serve.api_key = Some(common::KEY.into());
+    let stdout = tokio::task::spawn_blocking(move || run_python("tests/e2e/batches_sdk.py", &serve)).await.unwrap();
     assert!(stdout.contains("batches SDK checks passed"), "{stdout}");
 }
 

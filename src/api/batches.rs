@@ -63,7 +63,16 @@ async fn create(
     extract::Json(body): extract::Json<Value>,
 ) -> Result<Json<BatchObject>, ApiError> {
     let request = CreateBatch::parse(&body)?;
+    if !state.quota.has_room(&project.id) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorType::InsufficientQuota,
+            Some("insufficient_quota"),
+            "You exceeded your current quota: the project's token quota is used up",
+        ));
+    }
     let batch = create_batch(&state.files, state.batches.as_ref(), state.batch_settings, &project.id, request).await?;
+    state.wake.notify_one();
     Ok(Json(BatchObject::from(&batch)))
 }
 
@@ -128,6 +137,7 @@ async fn cancel_batch(
     match state.batches.update(&project.id, &id, &|batch_state| cancel(batch_state, now)).await {
         Ok(batch) => {
             tracing::info!(batch = %id, status = batch.state.status.as_str(), "cancel requested");
+            state.wake.notify_one();
             Ok(Json(BatchObject::from(&batch)))
         }
         Err(UpdateError::NotFound) => Err(batch_not_found(&batch_id)),

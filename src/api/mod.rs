@@ -19,6 +19,8 @@ pub use middleware::REQUEST_ID_HEADER;
 use crate::auth::Projects;
 use crate::batches::{BatchSettings, BatchStore};
 use crate::files::FileCatalog;
+use crate::quota::QuotaLedger;
+use tokio::sync::Notify;
 
 /// What every handler may reach.
 #[derive(Clone)]
@@ -27,6 +29,9 @@ pub struct AppState {
     pub files: FileCatalog,
     pub batches: Arc<dyn BatchStore>,
     pub batch_settings: BatchSettings,
+    pub quota: Arc<QuotaLedger>,
+    /// Wakes whatever executes batches when one is created or cancelled.
+    pub wake: Arc<Notify>,
 }
 
 /// The whole API. Layers run outside in: request id and logging, CORS, then routing;

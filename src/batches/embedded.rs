@@ -46,6 +46,16 @@ impl EmbeddedBatchStore {
         Ok(())
     }
 
+    /// Every batch's token usage as last stored, for the quota ledger at startup.
+    pub async fn usage(&self) -> Vec<(ProjectId, BatchId, u64)> {
+        let batches = self.batches.read().await;
+        batches
+            .values()
+            .flat_map(|b| b.values())
+            .map(|b| (b.spec.project_id.clone(), b.spec.id.clone(), b.state.usage.total_tokens))
+            .collect()
+    }
+
     /// Every batch of every project that is not terminal yet.
     pub async fn unfinished(&self) -> Vec<Batch> {
         let batches = self.batches.read().await;

@@ -11,6 +11,6 @@ mod store;
 pub use create::{BatchSettings, CreateBatch, create_batch};
 pub use embedded::EmbeddedBatchStore;
 pub use lifecycle::{Refusal, cancel};
-pub use model::{Batch, BatchError, BatchSpec, BatchState, RequestCounts, Status, Usage};
+pub use model::{Batch, BatchError, BatchSpec, BatchState, Ending, RequestCounts, ReservedFiles, Status, Usage};
 pub use object::BatchObject;
 pub use store::{BatchPage, BatchStore, StoreError, UpdateError};

@@ -109,6 +109,29 @@ pub struct BatchState {
     /// The validation errors of a failed batch.
     #[serde(default)]
     pub errors: Vec<BatchError>,
+    /// Set once the batch ran out of time, before its lines are drained: the
+    /// ending that finalize will give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<Ending>,
+    /// Ids chosen for the output and error files before finalize writes them, so a
+    /// finalize that is interrupted and run again rewrites the same files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_files: Option<ReservedFiles>,
+}
+
+/// How a batch whose lines all have records ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    Completed,
+    Cancelled,
+    Expired,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservedFiles {
+    pub output: FileId,
+    pub error: FileId,
 }
 
 impl BatchState {
@@ -141,6 +164,8 @@ impl BatchState {
             output_file_id: None,
             error_file_id: None,
             errors: Vec::new(),
+            ending: None,
+            reserved_files: None,
         }
     }
 }

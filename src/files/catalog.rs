@@ -5,6 +5,7 @@
 //! the record last, so a record always points at complete bytes; listing and lookup
 //! go through records only. Ids are time-sortable, so key order is creation order.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,7 +77,12 @@ impl FileCatalog {
 
     /// Opens a new file's bytes for writing. Nothing is visible until [`Upload::commit`].
     pub async fn start_upload(&self, project: &ProjectId) -> Result<Upload, StorageError> {
-        let id = FileId::generate();
+        self.start_upload_with_id(project, FileId::generate()).await
+    }
+
+    /// As [`FileCatalog::start_upload`], under an id chosen beforehand (finalize
+    /// reserves its ids, so a finalize that is run again rewrites the same files).
+    pub async fn start_upload_with_id(&self, project: &ProjectId, id: FileId) -> Result<Upload, StorageError> {
         let writer = self.store.writer(&data_key(project, &id)).await?;
         Ok(Upload { catalog: self.clone(), project: project.clone(), id, writer, bytes: 0 })
     }
@@ -115,6 +121,17 @@ impl FileCatalog {
         range: std::ops::Range<u64>,
     ) -> Result<ByteStream, StorageError> {
         self.store.read(&data_key(&record.project_id, &record.id), Some(range)).await
+    }
+
+    /// A byte range of a file's bytes by id, whatever its record says: running batches
+    /// read their input this way, so deleting an input does not stop them.
+    pub async fn open_data_range(
+        &self,
+        project: &ProjectId,
+        id: &FileId,
+        range: std::ops::Range<u64>,
+    ) -> Result<ByteStream, StorageError> {
+        self.store.read(&data_key(project, id), Some(range)).await
     }
 
     /// Whether the bytes behind a record are still in storage.
@@ -175,9 +192,9 @@ impl FileCatalog {
         self.store.put(&meta_key(&record.project_id, &record.id), Bytes::from(json)).await
     }
 
-    /// Removes the bytes and records of every deleted or expired file, and returns
-    /// how many files went.
-    pub async fn collect_garbage(&self, now: UnixSeconds) -> Result<usize, StorageError> {
+    /// Removes the bytes and records of every deleted or expired file but the
+    /// `pinned` ones (inputs of running batches), and returns how many files went.
+    pub async fn collect_garbage(&self, now: UnixSeconds, pinned: &HashSet<FileId>) -> Result<usize, StorageError> {
         let mut removed = 0;
         for key in self.store.list("file-meta/").await? {
             let record = match self.store.get(&key).await {
@@ -185,7 +202,7 @@ impl FileCatalog {
                 Err(StorageError::NotFound(_)) => continue,
                 Err(error) => return Err(error),
             };
-            if record.is_live(now) {
+            if record.is_live(now) || pinned.contains(&record.id) {
                 continue;
             }
             // Bytes first: a crash in between leaves a dead record, swept next time.

@@ -1,17 +1,25 @@
 //! The background sweep that removes deleted and expired files from storage.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use super::FileCatalog;
 use crate::clock;
+use crate::ids::FileId;
 
-/// Sweeps every `interval` until the task is dropped.
-pub async fn run_gc_loop(catalog: FileCatalog, interval: Duration) {
+/// Sweeps every `interval` until the task is dropped. `pinned` names the files that
+/// must stay whatever their records say (the inputs of unfinished batches).
+pub async fn run_gc_loop<F, Fut>(catalog: FileCatalog, interval: Duration, pinned: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = HashSet<FileId>>,
+{
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match catalog.collect_garbage(clock::now()).await {
+        let pinned = pinned().await;
+        match catalog.collect_garbage(clock::now(), &pinned).await {
             Ok(0) => {}
             Ok(removed) => tracing::info!(removed, "garbage-collected deleted and expired files"),
             Err(error) => {

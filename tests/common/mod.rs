@@ -2,9 +2,11 @@
 //! storage per test, and an in-process router with a known project.
 #![allow(dead_code)]
 
+pub mod client;
 pub mod multipart;
 pub mod serve;
 pub mod tools;
+pub mod upstream;
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -174,8 +176,12 @@ impl TestApp {
     pub async fn with_batch_objects(store: Arc<dyn ObjectStore>, batch_objects: Arc<dyn ObjectStore>) -> Self {
         let files = FileCatalog::new(store.clone(), Duration::from_secs(30 * 86_400));
         let batches = Arc::new(EmbeddedBatchStore::open(batch_objects).await.unwrap());
+        let projects = projects();
+        let quota = Arc::new(nightshift::quota::QuotaLedger::new(&projects));
         let state = AppState {
-            projects: Arc::new(projects()),
+            quota,
+            wake: Default::default(),
+            projects: Arc::new(projects),
             files: files.clone(),
             batches: batches.clone(),
             batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
@@ -221,6 +227,11 @@ impl TestApp {
     }
 }
 
-pub fn read_to_string(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
+/// Writes a `serve` configuration for [`PROJECT`] (key [`KEY`]) and returns its path.
+/// `extra` is YAML appended as it is (upstreams, batches, quota).
+pub fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("nightshift.yaml");
+    let yaml = format!("projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\n{extra}");
+    std::fs::write(&path, yaml).unwrap();
+    path
 }

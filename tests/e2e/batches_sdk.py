@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import openai
 from openai import OpenAI
@@ -16,10 +17,10 @@ client = OpenAI(
 )
 
 
-def jsonl(ids):
+def jsonl(ids, model="echo"):
     lines = [
         {"custom_id": i, "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "echo", "messages": [{"role": "user", "content": f"say {i}"}]}}
+         "body": {"model": model, "messages": [{"role": "user", "content": f"say {i}"}]}}
         for i in ids
     ]
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -70,15 +71,35 @@ try:
 except openai.NotFoundError:
     pass
 
-# Cancel: cancelling (or already further along), idempotent; 409 on a terminal batch.
-cancelled = client.batches.cancel(created[1].id)
-assert cancelled.status in ("cancelling", "cancelled"), cancelled.status
-assert cancelled.cancelling_at is not None
-again = client.batches.cancel(created[1].id)
-assert again.cancelling_at == cancelled.cancelling_at
-try:
-    client.batches.cancel(failed.id)
-    raise AssertionError("expected a 409")
-except openai.ConflictError as error:
-    assert error.code == "batch_not_cancellable"
+# The echo batches run to completion.
+for batch in created:
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(0.05)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.completed == 3 and batch.output_file_id and batch.error_file_id is None
+output = client.files.content(batch.output_file_id).text
+assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["a", "b", "c"]
+
+# Cancel a slow batch: cancelling, idempotent, then cancelled; 409 once terminal.
+slow = client.files.create(file=("slow.jsonl", jsonl([f"s{n}" for n in range(20)], model="mock-slow")), purpose="batch")
+running = client.batches.create(input_file_id=slow.id, endpoint="/v1/chat/completions", completion_window="24h")
+cancelling = client.batches.cancel(running.id)
+assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None, cancelling
+again = client.batches.cancel(running.id)
+assert again.cancelling_at == cancelling.cancelling_at
+while cancelling.status == "cancelling":
+    time.sleep(0.05)
+    cancelling = client.batches.retrieve(running.id)
+assert cancelling.status == "cancelled" and cancelling.cancelled_at is not None, cancelling
+counts = cancelling.request_counts
+assert counts.completed + counts.failed == counts.total == 20, counts
+errors = [json.loads(line) for line in client.files.content(cancelling.error_file_id).text.splitlines()]
+assert errors and all(e["error"]["code"] == "batch_cancelled" and e["response"] is None for e in errors)
+for terminal in (cancelling, failed):
+    try:
+        client.batches.cancel(terminal.id)
+        raise AssertionError("expected a 409")
+    except openai.ConflictError as error:
+        assert error.code == "batch_not_cancellable"
 print("batches SDK checks passed")

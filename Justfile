@@ -1,0 +1,25 @@
+# Recipes a newcomer would guess. `just --list` shows them.
+
+# Run Nightshift on this machine (the embedded default), building it first.
+run *ARGS:
+    cargo run --release -- serve {{ARGS}}
+
+# The whole test suite: installs the test tools (cached under ~/.cache/nightshift), then runs every test.
+test *ARGS:
+    tests/run {{ARGS}}
+
+# Formatting and lints, as strict as review is.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --all-targets -- -D warnings
+
+fmt:
+    cargo fmt --all
+
+# Benchmarks against the release binary: upload memory, validation speed (see bench/run.py).
+bench *ARGS:
+    cargo build --release
+    python3 bench/run.py {{ARGS}}
+
+build:
+    cargo build --release

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Nightshift benchmarks (`just bench`): run against the release binary on this machine.
+
+  upload     a 100 MB upload through `nightshift serve`: wall time and the server's peak RSS
+  validate   creating a batch over a 200 MB, 50,000-line input: wall time and peak RSS,
+             against a naive reference (Python, json.loads per line) on the same file
+
+Usage: bench/run.py [upload] [validate]   (all when none named)
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BINARY = ROOT / "target" / "release" / "nightshift"
+MB = 1024 * 1024
+
+
+def peak_rss_mb(pid):
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+class Serve:
+    def __init__(self, data_dir):
+        self.process = subprocess.Popen(
+            [str(BINARY), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
+            stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn"},
+        )
+        for line in self.process.stdout:
+            if line.strip().startswith("x-project-id:"):
+                self.project = line.split(":", 1)[1].strip()
+            if line.strip().startswith("x-api-key:"):
+                self.key = line.split(":", 1)[1].strip()
+            if line.startswith("Nightshift listening on "):
+                self.url = line.split()[-1]
+                break
+
+    def headers(self):
+        return {"x-project-id": self.project, "x-api-key": self.key}
+
+    def rss(self):
+        return peak_rss_mb(self.process.pid)
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def request_line(n, pad):
+    body = {"model": "echo", "messages": [{"role": "user", "content": f"question {n} " + "x" * pad}]}
+    return json.dumps({"custom_id": f"req-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+def write_input(path, lines, size):
+    """`lines` requests padded so the file is about `size` bytes."""
+    pad = max(0, size // lines - len(request_line(0, 0)) - 8)
+    with open(path, "w") as f:
+        for n in range(lines):
+            f.write(request_line(n, pad) + "\n")
+    return path.stat().st_size
+
+
+def upload(serve, path):
+    result = subprocess.run(
+        ["curl", "-sS", "-X", "POST", f"{serve.url}/v1/files",
+         "-H", f"x-project-id: {serve.project}", "-H", f"x-api-key: {serve.key}",
+         "-F", "purpose=batch", "-F", f"file=@{path}"],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(result.stdout)
+
+
+def bench_upload(work):
+    path = work / "upload.jsonl"
+    size = write_input(path, 25_000, 100 * MB - 64 * 1024)
+    serve = Serve(work / "upload-data")
+    try:
+        baseline = serve.rss()
+        started = time.perf_counter()
+        uploaded = upload(serve, path)
+        elapsed = time.perf_counter() - started
+        assert uploaded["bytes"] == size, uploaded
+        print(f"upload: {size / MB:.1f} MB in {elapsed:.2f} s ({size / MB / elapsed:.0f} MB/s); "
+              f"server peak RSS {serve.rss():.1f} MB (idle {baseline:.1f} MB)")
+    finally:
+        serve.stop()
+
+
+def plant_file(data_dir, project, path):
+    """Registers `path` as a file of `project` directly in storage: uploads stop at 100 MB,
+    and the validation limit is 200 MB."""
+    file_id = "file-01BENCHMARK0000000000000"
+    (data_dir / "file-data" / project).mkdir(parents=True, exist_ok=True)
+    (data_dir / "file-meta" / project).mkdir(parents=True, exist_ok=True)
+    os.link(path, data_dir / "file-data" / project / file_id)
+    record = {"id": file_id, "project_id": project, "bytes": path.stat().st_size,
+              "created_at": int(time.time()), "filename": path.name, "purpose": "batch"}
+    (data_dir / "file-meta" / project / f"{file_id}.json").write_text(json.dumps(record))
+    return file_id
+
+
+def naive_reference(path):
+    """What a straightforward implementation does: json.loads every line."""
+    started = time.perf_counter()
+    seen = set()
+    with open(path, "rb") as f:
+        for raw in f:
+            line = json.loads(raw)
+            assert isinstance(line, dict) and line["custom_id"] not in seen
+            seen.add(line["custom_id"])
+            assert line["method"].upper() == "POST" and line["url"] == "/v1/chat/completions"
+            assert isinstance(line["body"], dict) and line["body"] and line["body"].get("stream") is not True
+    return time.perf_counter() - started
+
+
+def bench_validate(work):
+    path = work / "validate.jsonl"
+    size = write_input(path, 50_000, 200 * MB - 256 * 1024)
+    data_dir = work / "validate-data"
+    serve = Serve(data_dir)
+    try:
+        file_id = plant_file(data_dir, serve.project, path)
+        body = json.dumps({"input_file_id": file_id, "endpoint": "/v1/chat/completions"}).encode()
+        timings = []
+        for _ in range(3):
+            request = urllib.request.Request(f"{serve.url}/v1/batches", data=body, method="POST",
+                                             headers={**serve.headers(), "content-type": "application/json"})
+            started = time.perf_counter()
+            with urllib.request.urlopen(request) as response:
+                batch = json.load(response)
+            timings.append(time.perf_counter() - started)
+            assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == 50_000, batch
+        best = min(timings)
+        reference = naive_reference(path)
+        print(f"validate: {size / MB:.1f} MB, 50,000 lines in {best:.3f} s best of 3 "
+              f"({size / MB / best:.0f} MB/s; runs {', '.join(f'{t:.3f}' for t in timings)}); "
+              f"server peak RSS {serve.rss():.1f} MB")
+        print(f"validate: naive Python json.loads per line {reference:.3f} s; Nightshift is {reference / best:.1f}x faster")
+    finally:
+        serve.stop()
+
+
+def main():
+    chosen = sys.argv[1:] or ["upload", "validate"]
+    if not BINARY.exists():
+        sys.exit(f"{BINARY} is missing: run `cargo build --release` first (just bench does)")
+    with tempfile.TemporaryDirectory(prefix="nightshift-bench-") as work:
+        work = pathlib.Path(work)
+        for name in chosen:
+            {"upload": bench_upload, "validate": bench_validate}[name](work)
+
+
+if __name__ == "__main__":
+    main()

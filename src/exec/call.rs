@@ -1,0 +1,167 @@
+//! One line's request upstream, with its retries: the only place that talks HTTP to
+//! a model server.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::backoff::{Backoff, parse_retry_after};
+use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
+use super::upstream::Upstream;
+use crate::batches::Usage;
+
+/// What became of a line.
+#[derive(Debug)]
+pub enum LineOutcome {
+    Success { status: u16, request_id: Option<String>, body: Box<RawValue>, usage: Usage },
+    Failure(LineFailure),
+}
+
+/// Counts a call made to the upstream; tests and metrics read them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CallStats {
+    pub attempts: u32,
+}
+
+fn usage_of(body: &Value) -> Usage {
+    let field = |name: &str| body.get("usage").and_then(|u| u.get(name)).and_then(Value::as_u64).unwrap_or(0);
+    let (input, output) = (field("prompt_tokens"), field("completion_tokens"));
+    let total = match field("total_tokens") {
+        0 => input + output,
+        total => total,
+    };
+    Usage { input_tokens: input, output_tokens: output, total_tokens: total }
+}
+
+fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome {
+    let parsed: Result<Value, _> = serde_json::from_slice(bytes);
+    match parsed {
+        Ok(value @ Value::Object(_)) => {
+            let usage = usage_of(&value);
+            // Keep the upstream's bytes as they were; only check they are one JSON object.
+            match std::str::from_utf8(bytes).ok().and_then(|text| RawValue::from_string(text.trim().to_owned()).ok()) {
+                Some(body) => LineOutcome::Success { status, request_id, body, usage },
+                None => LineOutcome::Failure(bad_upstream_body(status)),
+            }
+        }
+        _ => LineOutcome::Failure(bad_upstream_body(status)),
+    }
+}
+
+/// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
+/// up to [`ATTEMPTS`] attempts in all.
+pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: Bytes) -> (LineOutcome, CallStats) {
+    let mut stats = CallStats::default();
+    let mut last = Attempt::Transport("no attempt made".into());
+    for attempt in 1..=ATTEMPTS {
+        stats.attempts = attempt;
+        let mut request = client
+            .post(&upstream.url)
+            .timeout(upstream.timeout)
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if let Some(key) = &upstream.api_key {
+            request = request.bearer_auth(key);
+        }
+        let mut retry_after = None;
+        match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let request_id = header("x-request-id");
+                retry_after = header("retry-after").and_then(|v| parse_retry_after(&v, SystemTime::now()));
+                let bytes = match response.bytes().await {
+                    Ok(bytes) => bytes,
+                    Err(error) => {
+                        last = Attempt::Transport(describe(upstream, &error));
+                        pause(upstream.backoff, attempt, None).await;
+                        continue;
+                    }
+                };
+                match judge(status, &bytes) {
+                    Verdict::Success => return (success(status, request_id, &bytes), stats),
+                    Verdict::Fail(failure) => return (LineOutcome::Failure(failure), stats),
+                    Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
+                }
+            }
+            Err(error) => last = Attempt::Transport(describe(upstream, &error)),
+        }
+        pause(upstream.backoff, attempt, retry_after).await;
+    }
+    (LineOutcome::Failure(exhausted(&last)), stats)
+}
+
+async fn pause(backoff: Backoff, attempt: u32, retry_after: Option<Duration>) {
+    if attempt < ATTEMPTS {
+        tokio::time::sleep(backoff.delay(attempt, retry_after, rand::random::<f64>())).await;
+    }
+}
+
+/// A transport failure in words that name the upstream but not its address.
+fn describe(upstream: &Upstream, error: &reqwest::Error) -> String {
+    let what = if error.is_timeout() {
+        format!("timed out after {}s", upstream.timeout.as_secs_f64())
+    } else if error.is_connect() {
+        "could not connect".to_owned()
+    } else {
+        "connection failed".to_owned()
+    };
+    format!("upstream {} {what}", upstream.name)
+}
+
+/// The built-in `echo` model: answers at once with the last user message, as a real
+/// chat completion would be shaped, counting words as tokens.
+pub fn echo(body: &[u8]) -> LineOutcome {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let messages = request.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+    let text = |message: &Value| match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let reply = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(text)
+        .unwrap_or_default();
+    let prompt_tokens: usize = messages.iter().map(|m| text(m).split_whitespace().count()).sum();
+    let completion_tokens = reply.split_whitespace().count();
+    let id = crate::ids::RequestId::generate();
+    let response = json!({
+        "id": format!("chatcmpl-{}", &id.as_str()[4..]),
+        "object": "chat.completion",
+        "created": crate::clock::now(),
+        "model": request.get("model").cloned().unwrap_or(Value::Null),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop", "logprobs": null}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "system_fingerprint": null,
+    });
+    success(200, Some(id.to_string()), response.to_string().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_answers_with_the_last_user_message_and_counts_tokens() {
+        let body = br#"{"model":"echo","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there world"}]}"#;
+        let LineOutcome::Success { status, body, usage, request_id } = echo(body) else { panic!("echo failed") };
+        assert_eq!(status, 200);
+        assert!(request_id.unwrap().starts_with("req_"));
+        let body: Value = serde_json::from_str(body.get()).unwrap();
+        assert_eq!(body["choices"][0]["message"]["content"], "hello there world");
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(usage, Usage { input_tokens: 5, output_tokens: 3, total_tokens: 8 });
+    }
+
+    #[test]
+    fn two_hundreds_that_are_not_json_objects_fail_the_line() {
+        assert!(matches!(success(200, None, b"[1,2]"), LineOutcome::Failure(_)));
+        assert!(matches!(success(200, None, b"<html>"), LineOutcome::Failure(_)));
+        assert!(matches!(success(200, None, b"{\"usage\":{\"total_tokens\":3}}"), LineOutcome::Success { .. }));
+    }
+}

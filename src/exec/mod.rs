@@ -1,0 +1,104 @@
+//! Batch execution: workers that run shards against upstreams, checkpoints, the drain
+//! of lines that never ran, and finalize. The reconcile loop decides what runs; this
+//! module does it.
+
+pub mod backoff;
+pub mod call;
+pub mod checkpoint;
+pub mod drain;
+pub mod failure;
+pub mod finalize;
+pub mod input;
+pub mod records;
+pub mod upstream;
+pub mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::files::FileCatalog;
+use crate::quota::QuotaLedger;
+use crate::storage::{ObjectStore, StorageError};
+use call::CallStats;
+use checkpoint::CheckpointReader;
+use upstream::Upstreams;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("corrupt shard data: {0}")]
+    Corrupt(String),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ExecSettings {
+    /// How often a worker commits what it has: the most work a crash can lose.
+    pub checkpoint_interval: Duration,
+    /// How long lines in flight may take to finish after cancel or expiry.
+    pub cancel_grace: Duration,
+}
+
+impl Default for ExecSettings {
+    fn default() -> Self {
+        Self { checkpoint_interval: Duration::from_millis(500), cancel_grace: Duration::from_secs(30) }
+    }
+}
+
+/// Upstream calls made, for metrics and tests.
+#[derive(Default)]
+pub struct ExecStats {
+    pub attempts: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+impl ExecStats {
+    fn record(&self, stats: CallStats) {
+        self.attempts.fetch_add(u64::from(stats.attempts), Ordering::Relaxed);
+        self.retries.fetch_add(u64::from(stats.attempts.saturating_sub(1)), Ordering::Relaxed);
+    }
+}
+
+/// Everything a worker, a drain or a finalize needs.
+pub struct ExecContext {
+    pub store: Arc<dyn ObjectStore>,
+    pub files: FileCatalog,
+    pub upstreams: Upstreams,
+    pub echo_permits: Arc<Semaphore>,
+    pub client: reqwest::Client,
+    pub quota: Arc<QuotaLedger>,
+    pub checkpoints: CheckpointReader,
+    pub settings: ExecSettings,
+    pub stats: ExecStats,
+}
+
+impl ExecContext {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        files: FileCatalog,
+        upstreams: Upstreams,
+        quota: Arc<QuotaLedger>,
+        settings: ExecSettings,
+    ) -> Self {
+        // Connections are pooled and reused across lines, shards and batches.
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(1024)
+            .tcp_nodelay(true)
+            .build()
+            .expect("the HTTP client builds");
+        Self {
+            store,
+            files,
+            upstreams,
+            echo_permits: Upstreams::echo_permits(),
+            client,
+            quota,
+            checkpoints: CheckpointReader::default(),
+            settings,
+            stats: ExecStats::default(),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Upstreams: which OpenAI-compatible endpoint serves a model, with how many
+//! requests in flight. The permits are shared by every shard in the process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::backoff::Backoff;
+use crate::config::UpstreamConfig;
+
+pub struct Upstream {
+    pub name: String,
+    /// `<base_url>/chat/completions`.
+    pub url: String,
+    pub api_key: Option<String>,
+    models: Vec<String>,
+    pub permits: Arc<Semaphore>,
+    pub timeout: Duration,
+    pub backoff: Backoff,
+}
+
+impl Upstream {
+    fn serves(&self, model: &str) -> bool {
+        self.models.iter().any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix),
+            None => pattern == model,
+        })
+    }
+}
+
+pub enum Route<'a> {
+    Upstream(&'a Upstream),
+    /// The built-in `echo` model, served in-process.
+    Echo,
+    Unserved,
+}
+
+/// Every configured upstream, in the order of the configuration: the first whose
+/// `models` match serves the line. The built-in `echo` model serves what no upstream
+/// claims when none is configured (so Nightshift works offline), and `echo` always.
+pub struct Upstreams {
+    upstreams: Vec<Upstream>,
+}
+
+/// The built-in model's name.
+pub const ECHO_MODEL: &str = "echo";
+
+/// Requests in flight to the built-in echo model.
+const ECHO_CONCURRENCY: usize = 256;
+
+impl Upstreams {
+    pub fn from_config(configs: &[UpstreamConfig]) -> Result<Self, String> {
+        let mut upstreams = Vec::new();
+        for config in configs {
+            let api_key = match &config.api_key_env {
+                Some(name) => Some(std::env::var(name).map_err(|_| {
+                    format!("upstream {}: the environment variable {name} (api_key_env) is not set", config.name)
+                })?),
+                None => None,
+            };
+            upstreams.push(Upstream {
+                name: config.name.clone(),
+                url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+                api_key,
+                models: config.models.clone(),
+                permits: Arc::new(Semaphore::new(config.max_concurrency)),
+                timeout: config.timeout,
+                backoff: Backoff { base: config.retry_base_delay, ..Backoff::default() },
+            });
+        }
+        Ok(Self { upstreams })
+    }
+
+    pub fn echo_only() -> Self {
+        Self { upstreams: Vec::new() }
+    }
+
+    /// The first upstream whose `models` match; else the built-in echo model, for
+    /// every model when no upstream is configured, and for `echo` always.
+    pub fn route(&self, model: &str) -> Route<'_> {
+        match self.upstreams.iter().find(|u| u.serves(model)) {
+            Some(upstream) => Route::Upstream(upstream),
+            None if self.upstreams.is_empty() || model == ECHO_MODEL => Route::Echo,
+            None => Route::Unserved,
+        }
+    }
+
+    pub fn echo_permits() -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(ECHO_CONCURRENCY))
+    }
+}

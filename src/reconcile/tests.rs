@@ -1,0 +1,130 @@
+use super::*;
+use crate::batches::{BatchSpec, BatchState};
+use crate::ids::{BatchId, FileId, ProjectId};
+use crate::validate::{Shard, ShardPlan};
+
+fn batch(shards: &[u64], status: Status) -> Batch {
+    let mut first = 0;
+    let shards = shards
+        .iter()
+        .enumerate()
+        .map(|(index, &requests)| {
+            let shard = Shard { index: index as u32, first_request: first, requests, byte_start: 0, byte_end: 0 };
+            first += requests;
+            shard
+        })
+        .collect();
+    let mut state = BatchState::in_progress(100, first);
+    state.status = status;
+    Batch {
+        spec: BatchSpec {
+            id: BatchId::generate(),
+            project_id: ProjectId::generate(),
+            input_file_id: FileId::generate(),
+            endpoint: "/v1/chat/completions".into(),
+            completion_window: "24h".into(),
+            metadata: Default::default(),
+            created_at: 100,
+            expires_at: 1000,
+            plan: ShardPlan { shard_lines: 10, shards },
+        },
+        state,
+    }
+}
+
+fn progress(requests: u64, completed: u64, failed: u64) -> ShardProgress {
+    ShardProgress {
+        requests,
+        completed,
+        failed,
+        usage: Usage { input_tokens: completed, output_tokens: 1, total_tokens: completed + 1 },
+    }
+}
+
+fn running(shards: &[u32]) -> BTreeSet<u32> {
+    shards.iter().copied().collect()
+}
+
+#[test]
+fn idle_unfinished_shards_are_started_and_counts_are_live() {
+    let batch = batch(&[10, 10, 5], Status::InProgress);
+    let shards = [progress(10, 10, 0), progress(10, 3, 1), progress(5, 0, 0)];
+    let decision = decide(&batch, &shards, &running(&[1]), 200);
+    assert_eq!(decision.action, Action::Run(vec![2]));
+    assert_eq!(decision.state.request_counts, RequestCounts { total: 25, completed: 13, failed: 1 });
+    assert_eq!(decision.state.usage.total_tokens, 10 + 1 + 3 + 1 + 1);
+    assert_eq!(decision.state.status, Status::InProgress);
+    let all_running = decide(&batch, &shards, &running(&[1, 2]), 200);
+    assert_eq!(all_running.action, Action::Wait);
+}
+
+#[test]
+fn a_batch_whose_lines_all_have_records_finalizes_as_completed() {
+    let batch = batch(&[10, 5], Status::InProgress);
+    let decision = decide(&batch, &[progress(10, 9, 1), progress(5, 5, 0)], &running(&[]), 300);
+    assert_eq!(decision.action, Action::Finalize(Ending::Completed));
+    assert_eq!(decision.state.status, Status::Finalizing);
+    assert_eq!(decision.state.finalizing_at, Some(300));
+    // A crash during finalize: the next decision finalizes again.
+    let resumed = Batch { state: decision.state, ..batch };
+    assert_eq!(
+        decide(&resumed, &[progress(10, 9, 1), progress(5, 5, 0)], &running(&[]), 400).action,
+        Action::Finalize(Ending::Completed)
+    );
+}
+
+#[test]
+fn cancelling_stops_workers_then_drains_then_finalizes_as_cancelled() {
+    let batch = batch(&[10, 10], Status::Cancelling);
+    let partial = [progress(10, 4, 0), progress(10, 0, 0)];
+    assert_eq!(decide(&batch, &partial, &running(&[0, 1]), 200).action, Action::Stop);
+    assert_eq!(decide(&batch, &partial, &running(&[]), 200).action, Action::Drain(Ending::Cancelled));
+    let drained = [progress(10, 4, 6), progress(10, 0, 10)];
+    let decision = decide(&batch, &drained, &running(&[]), 200);
+    assert_eq!(decision.action, Action::Finalize(Ending::Cancelled));
+    assert_eq!(decision.state.status, Status::Cancelling, "cancelling goes straight to cancelled");
+}
+
+#[test]
+fn expiry_stops_dispatch_drains_and_ends_expired_even_once_all_lines_have_records() {
+    let batch = batch(&[10], Status::InProgress);
+    let partial = [progress(10, 4, 0)];
+    let decision = decide(&batch, &partial, &running(&[0]), 1000);
+    assert_eq!(decision.action, Action::Stop);
+    assert_eq!(decision.state.ending, Some(Ending::Expired));
+    let expiring = Batch { state: decision.state, ..batch.clone() };
+    assert_eq!(decide(&expiring, &partial, &running(&[]), 1001).action, Action::Drain(Ending::Expired));
+    let drained = decide(&expiring, &[progress(10, 4, 6)], &running(&[]), 1002);
+    assert_eq!(drained.action, Action::Finalize(Ending::Expired));
+    // Finishing every line just in time is a completion, not an expiry.
+    let done = decide(&batch, &[progress(10, 10, 0)], &running(&[]), 1000);
+    assert_eq!(done.action, Action::Finalize(Ending::Completed));
+}
+
+#[test]
+fn terminal_batches_are_left_alone() {
+    for status in [Status::Completed, Status::Failed, Status::Expired, Status::Cancelled] {
+        let batch = batch(&[10], status);
+        let decision = decide(&batch, &[progress(10, 0, 0)], &running(&[]), 5000);
+        assert_eq!(decision.action, Action::Wait);
+        assert_eq!(decision.state, batch.state, "terminal states never change");
+    }
+}
+
+#[test]
+fn finishing_sets_the_files_counts_and_the_endings_timestamp() {
+    let batch = batch(&[3], Status::Finalizing);
+    let files = Finalized {
+        output_file_id: Some(FileId::generate()),
+        error_file_id: None,
+        counts: RequestCounts { total: 3, completed: 3, failed: 0 },
+    };
+    let done = finished(&batch.state, Ending::Completed, &files, 500);
+    assert_eq!((done.status, done.completed_at), (Status::Completed, Some(500)));
+    assert_eq!(done.output_file_id, files.output_file_id);
+    assert_eq!(done.request_counts.completed + done.request_counts.failed, done.request_counts.total);
+    let cancelled = finished(&batch.state, Ending::Cancelled, &files, 501);
+    assert_eq!((cancelled.status, cancelled.cancelled_at), (Status::Cancelled, Some(501)));
+    let expired = finished(&batch.state, Ending::Expired, &files, 502);
+    assert_eq!((expired.status, expired.expired_at), (Status::Expired, Some(502)));
+}

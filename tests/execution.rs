@@ -1,0 +1,279 @@
+//! Batches run end to end in `nightshift serve` against the scriptable upstream:
+//! error mapping, retries, cancel, expiry, quota, live counts, and a SIGKILL.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::client::{Client, ids, input};
+use common::serve::Serve;
+use common::upstream::{Answer, MockUpstream};
+use common::{KEY, PROJECT, write_config};
+use serde_json::Value;
+use tempfile::TempDir;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// `serve` over `data`, with the mock upstream serving `mock-*` models. `project`
+/// is YAML added to the project (a quota), `batches` to the batches settings.
+fn serve_with(
+    data: &TempDir,
+    upstream: &MockUpstream,
+    concurrency: usize,
+    project: &str,
+    batches: &str,
+) -> (Serve, Client) {
+    let config = write_config(
+        data.path(),
+        &format!(
+            "{project}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    \
+             timeout: 1s\n    retry_base_delay: 20ms\nbatches:\n  shard_lines: 7\n  checkpoint_interval: 50ms\n  \
+             reconcile_interval: 100ms\n  cancel_grace: 5s\n{batches}",
+            upstream.base_url
+        ),
+    );
+    let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let client = Client::new(&serve.url, PROJECT, KEY);
+    (serve, client)
+}
+
+#[tokio::test]
+async fn every_upstream_failure_maps_to_the_specs_code_and_prefix() {
+    let upstream = MockUpstream::start().await;
+    let cases: Vec<(&str, Vec<Answer>, &str, &str, u32)> = vec![
+        (
+            "bad",
+            vec![Answer::Status(
+                400,
+                r#"{"error":{"message":"messages: missing required field","type":"invalid_request_error","param":"messages"}}"#,
+            )],
+            "invalid_request_error",
+            "[legacy:http_400] {\"message\":\"messages: missing required field\",\"type\":\"invalid_request_error\",\"param\":\"messages\"}",
+            1,
+        ),
+        (
+            "unprocessable",
+            vec![Answer::Status(422, "bad schema")],
+            "invalid_request_error",
+            "[legacy:http_422] bad schema",
+            1,
+        ),
+        ("unauthorized", vec![Answer::Status(401, "no key")], "authentication_error", "[legacy:http_401] no key", 1),
+        ("forbidden", vec![Answer::Status(403, "revoked")], "authentication_error", "[legacy:http_403] revoked", 1),
+        (
+            "missing-model",
+            vec![Answer::Status(404, "no such model")],
+            "not_found_error",
+            "[legacy:http_404] no such model",
+            1,
+        ),
+        ("too-large", vec![Answer::Status(413, "too long")], "request_too_large", "[legacy:http_413] too long", 1),
+        (
+            "throttled",
+            vec![Answer::Status(429, "slow down")],
+            "rate_limit_exceeded",
+            "[legacy:retries_exhausted] Line failed after 4 attempts: upstream returned 429: slow down",
+            4,
+        ),
+        (
+            "down",
+            vec![Answer::Status(503, "upstream timeout")],
+            "internal_error",
+            "[legacy:retries_exhausted] Line failed after 4 attempts: upstream returned 503: upstream timeout",
+            4,
+        ),
+        (
+            "hanging",
+            vec![Answer::Hang],
+            "internal_error",
+            "[legacy:retries_exhausted] Line failed after 4 attempts: upstream mock timed out after 1s",
+            4,
+        ),
+        (
+            "no-credit",
+            vec![Answer::Status(429, r#"{"error":{"message":"no credit","type":"insufficient_quota"}}"#)],
+            "insufficient_quota",
+            "[legacy:http_429] {\"message\":\"no credit\",\"type\":\"insufficient_quota\"}",
+            1,
+        ),
+    ];
+    for (line, answers, ..) in &cases {
+        upstream.script(line, answers.clone());
+    }
+    upstream.script("flaky", vec![Answer::Status(500, "oops"), Answer::Status(502, "oops"), Answer::Ok]);
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 16, "", "");
+    let mut custom_ids: Vec<String> = cases.iter().map(|(line, ..)| line.to_string()).collect();
+    custom_ids.extend(["flaky".to_owned(), "fine".to_owned()]);
+    let mut content = input(&custom_ids, "mock-model");
+    // A model that no upstream serves.
+    content.extend_from_slice(&input(&["unserved".to_owned()], "other-model"));
+    custom_ids.push("unserved".to_owned());
+
+    let batch = client.create(&client.upload(content).await).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert_eq!(batch["status"], "completed", "a batch with failed lines still completes: {batch}");
+    let results = client.results(&batch, &custom_ids).await;
+    for (line, _, code, message, calls) in &cases {
+        let record = &results.errors[*line];
+        assert_eq!(record["response"], Value::Null);
+        assert_eq!(record["error"]["code"], *code, "{line}: {record}");
+        assert_eq!(record["error"]["message"], *message, "{line}");
+        assert!(record["id"].as_str().unwrap().starts_with("batch_req_"));
+        assert_eq!(upstream.calls(line), *calls, "{line} was sent {} times", upstream.calls(line));
+    }
+    assert_eq!(results.errors["bad"]["error"]["param"], "messages");
+    assert_eq!(results.errors["unserved"]["error"]["code"], "not_found_error");
+    assert_eq!(upstream.calls("flaky"), 3, "two retries, then success");
+    let ok = &results.output["flaky"];
+    assert_eq!(ok["response"]["status_code"], 200);
+    assert!(ok["response"]["request_id"].as_str().unwrap().starts_with("req_up"), "{ok}");
+    assert_eq!(ok["response"]["body"]["choices"][0]["message"]["content"], "answer to flaky");
+    assert_eq!(batch["usage"]["total_tokens"], 10, "two successful lines of 5 tokens");
+    assert_eq!(batch["usage"]["input_tokens"], 6);
+    let error_file = client.file(batch["error_file_id"].as_str().unwrap()).await;
+    assert_eq!((error_file["purpose"].as_str(), error_file["is_error"].as_bool()), (Some("batch_output"), Some(true)));
+    let output_file = client.file(batch["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(output_file["purpose"], "batch_output");
+    assert!(output_file.get("is_error").is_none());
+    for field in ["in_progress_at", "finalizing_at", "completed_at"] {
+        assert!(batch[field].is_i64(), "{field}: {batch}");
+    }
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let upstream = MockUpstream::start().await;
+    upstream.script("patient", vec![Answer::RetryAfter(1), Answer::Ok]);
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 4, "", "");
+    let custom_ids = vec!["patient".to_owned()];
+    let started = Instant::now();
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert!(started.elapsed() >= Duration::from_secs(1), "the retry waited for Retry-After");
+    assert_eq!(upstream.calls("patient"), 2);
+    assert_eq!(client.results(&batch, &custom_ids).await.output.len(), 1);
+}
+
+#[tokio::test]
+async fn concurrency_per_upstream_is_bounded_and_counts_are_live() {
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(40));
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 3, "", "");
+    let custom_ids = ids("line", 60);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let midway = client
+        .wait(&id, MINUTE, |b| {
+            b["status"] == "in_progress" && b["request_counts"]["completed"].as_u64().unwrap_or(0) > 5
+        })
+        .await;
+    assert!(midway["request_counts"]["completed"].as_u64().unwrap() < 60, "{midway}");
+    let batch = client.wait_terminal(&id, MINUTE).await;
+    client.results(&batch, &custom_ids).await;
+    assert!(upstream.max_in_flight() <= 3, "{} requests were in flight at once", upstream.max_in_flight());
+    assert_eq!(upstream.total_calls(), 60, "each line sent exactly once");
+}
+
+#[tokio::test]
+async fn cancel_stops_dispatch_and_records_undispatched_lines_as_batch_cancelled() {
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(100));
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 2, "", "");
+    let custom_ids = ids("c", 40);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    client.wait(&id, MINUTE, |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 4).await;
+    let cancelling = client.cancel(&id).await;
+    assert_eq!(cancelling["status"], "cancelling");
+    let batch = client.wait_terminal(&id, MINUTE).await;
+    assert_eq!(batch["status"], "cancelled", "{batch}");
+    assert!(batch["cancelled_at"].as_i64().unwrap() >= batch["cancelling_at"].as_i64().unwrap());
+    let results = client.results(&batch, &custom_ids).await;
+    assert!(results.output.len() >= 4);
+    assert!(!results.errors.is_empty());
+    assert!(results.errors.values().all(|r| r["error"]["code"] == "batch_cancelled"));
+    assert_eq!(upstream.total_calls() as usize, results.output.len(), "cancelled lines were never sent");
+    assert_eq!(client.cancel(&id).await["error"]["code"], "batch_not_cancellable", "terminal now: 409");
+}
+
+#[tokio::test]
+async fn expiry_records_the_rest_as_batch_expired_and_keeps_finished_results() {
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(150));
+    let data = TempDir::new().unwrap();
+    // The window is an operator setting: two seconds here.
+    let (_serve, client) = serve_with(&data, &upstream, 1, "", "  completion_window: 2s\n");
+
+    let custom_ids = ids("e", 40);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    assert_eq!(batch["completion_window"], "24h", "the API still says 24h");
+    assert_eq!(batch["expires_at"].as_i64().unwrap() - batch["created_at"].as_i64().unwrap(), 2);
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert_eq!(batch["status"], "expired", "{batch}");
+    assert!(batch["expired_at"].is_i64());
+    let results = client.results(&batch, &custom_ids).await;
+    assert!(!results.output.is_empty(), "finished results are kept");
+    assert!(results.errors.values().any(|r| r["error"]["code"] == "batch_expired"));
+    assert!(results.errors.values().all(|r| r["error"]["code"] == "batch_expired"));
+}
+
+#[tokio::test]
+async fn quota_is_enforced_per_line_then_at_create_and_survives_a_restart() {
+    let upstream = MockUpstream::start().await;
+    let data = TempDir::new().unwrap();
+    let (serve, client) = serve_with(&data, &upstream, 1, "    quota: {tokens: 12}\n", "");
+    let custom_ids = ids("q", 6);
+    let file = client.upload(input(&custom_ids, "mock-a")).await;
+    let batch = client.create(&file).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert_eq!(batch["status"], "completed", "the batch still completes");
+    let results = client.results(&batch, &custom_ids).await;
+    // 5 tokens a line and a quota of 12: the third line finds none left.
+    assert_eq!(results.output.len(), 3, "{batch}");
+    for record in results.errors.values() {
+        assert_eq!(record["error"]["code"], "insufficient_quota");
+        assert!(record["error"]["message"].as_str().unwrap().starts_with("[legacy:http_420] "));
+    }
+    let (status, error) = client.try_create(&file).await;
+    assert_eq!(status, 429);
+    assert_eq!(error["error"]["type"], "insufficient_quota");
+    assert_eq!(error["error"]["code"], "insufficient_quota");
+
+    serve.kill();
+    let (_serve, client) = serve_with(&data, &upstream, 1, "    quota: {tokens: 12}\n", "");
+    let (status, _) = client.try_create(&file).await;
+    assert_eq!(status, 429, "usage survives a restart");
+}
+
+#[tokio::test]
+async fn serve_killed_mid_batch_resumes_with_no_duplicate_and_no_lost_line() {
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(15));
+    let data = TempDir::new().unwrap();
+    let (serve, client) = serve_with(&data, &upstream, 4, "", "");
+    let custom_ids = ids("k", 300);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    client.wait(&id, MINUTE, |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 60).await;
+    serve.kill();
+    let sent_before = upstream.total_calls();
+    assert!(sent_before < 300, "the kill came mid-batch");
+
+    let (_serve, client) = serve_with(&data, &upstream, 4, "", "");
+    let batch = client.wait_terminal(&id, MINUTE).await;
+    assert_eq!(batch["status"], "completed");
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.output.len(), 300);
+    let resent: Vec<_> = upstream.all_calls().into_iter().filter(|(_, calls)| *calls > 1).collect();
+    // Re-sent: only lines in flight or not yet checkpointed at the kill (4 in flight,
+    // one 50 ms checkpoint interval at 4 lines per 15 ms).
+    assert!(resent.len() <= 4 + 16, "{} lines were sent again: {resent:?}", resent.len());
+    // batch_req_ ids are stable: derived, not drawn.
+    let ids: std::collections::HashSet<_> =
+        results.output.values().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 300);
+}
