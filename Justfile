@@ -16,10 +16,11 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed (see bench/run.py).
-bench *ARGS:
+# Benchmarks against the release binary: upload memory, validation speed, line throughput.
+bench:
     cargo build --release
-    python3 bench/run.py {{ARGS}}
+    python3 bench/run.py
+    cargo bench --bench throughput
 
 build:
     cargo build --release

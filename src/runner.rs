@@ -31,12 +31,19 @@ pub struct Runner {
     exec: Arc<ExecContext>,
     workers: Mutex<HashMap<(BatchId, u32), Worker>>,
     interval: Duration,
+    /// Shards run at once over all batches: bounds memory and open inputs.
+    max_running_shards: usize,
     wake: Arc<Notify>,
 }
 
 impl Runner {
-    pub fn new(batches: Arc<EmbeddedBatchStore>, exec: Arc<ExecContext>, interval: Duration) -> Self {
-        Self { batches, exec, workers: Mutex::default(), interval, wake: Arc::new(Notify::new()) }
+    pub fn new(
+        batches: Arc<EmbeddedBatchStore>,
+        exec: Arc<ExecContext>,
+        interval: Duration,
+        max_running_shards: usize,
+    ) -> Self {
+        Self { batches, exec, workers: Mutex::default(), interval, max_running_shards, wake: Arc::new(Notify::new()) }
     }
 
     /// Notified when a batch is created or cancelled, so the loop need not wait a tick.
@@ -63,9 +70,11 @@ impl Runner {
         }
     }
 
-    /// One pass over every unfinished batch.
+    /// One pass over every unfinished batch, oldest first (ids sort by creation).
     pub async fn tick(&self) {
-        for batch in self.batches.unfinished().await {
+        let mut batches = self.batches.unfinished().await;
+        batches.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        for batch in batches {
             let id = batch.spec.id.clone();
             if let Err(error) = self.reconcile(batch).await {
                 tracing::warn!(batch = %id, %error, "reconcile failed; retrying next tick");
@@ -77,6 +86,10 @@ impl Runner {
         let mut workers = self.workers.lock().expect("workers");
         workers.retain(|_, worker| !worker.handle.is_finished());
         workers.keys().filter(|(b, _)| b == batch).map(|(_, shard)| *shard).collect()
+    }
+
+    fn running_total(&self) -> usize {
+        self.workers.lock().expect("workers").values().filter(|w| !w.handle.is_finished()).count()
     }
 
     async fn ledgers(&self, batch: &Batch) -> Result<Vec<ShardLedger>, ExecError> {
@@ -118,7 +131,8 @@ impl Runner {
         match decision.action {
             Action::Wait => {}
             Action::Run(shards) => {
-                for index in shards {
+                let free = self.max_running_shards.saturating_sub(self.running_total());
+                for index in shards.into_iter().take(free) {
                     self.start(&batch, index);
                 }
             }

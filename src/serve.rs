@@ -58,7 +58,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cancel_grace: config.batches.cancel_grace,
     };
     let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
-    let runner = Arc::new(Runner::new(batches.clone(), exec, config.batches.reconcile_interval));
+    let runner = Arc::new(Runner::new(
+        batches.clone(),
+        exec,
+        config.batches.reconcile_interval,
+        config.batches.max_running_shards,
+    ));
     let state = AppState {
         projects: Arc::new(projects),
         files: files.clone(),

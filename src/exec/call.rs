@@ -25,29 +25,42 @@ pub struct CallStats {
     pub attempts: u32,
 }
 
-fn usage_of(body: &Value) -> Usage {
-    let field = |name: &str| body.get("usage").and_then(|u| u.get(name)).and_then(Value::as_u64).unwrap_or(0);
-    let (input, output) = (field("prompt_tokens"), field("completion_tokens"));
-    let total = match field("total_tokens") {
-        0 => input + output,
-        total => total,
-    };
-    Usage { input_tokens: input, output_tokens: output, total_tokens: total }
+/// The fields of a chat completion's `usage` that batches add up.
+#[derive(serde::Deserialize, Default)]
+struct TokenCounts {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    total_tokens: u64,
 }
 
+#[derive(serde::Deserialize)]
+struct UsageOnly {
+    #[serde(default)]
+    usage: Option<TokenCounts>,
+}
+
+/// A 2xx answer: its body must be one JSON object, kept byte for byte; its `usage`
+/// is read on the way (one validating pass, one targeted one, no tree built).
 fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome {
-    let parsed: Result<Value, _> = serde_json::from_slice(bytes);
-    match parsed {
-        Ok(value @ Value::Object(_)) => {
-            let usage = usage_of(&value);
-            // Keep the upstream's bytes as they were; only check they are one JSON object.
-            match std::str::from_utf8(bytes).ok().and_then(|text| RawValue::from_string(text.trim().to_owned()).ok()) {
-                Some(body) => LineOutcome::Success { status, request_id, body, usage },
-                None => LineOutcome::Failure(bad_upstream_body(status)),
-            }
-        }
-        _ => LineOutcome::Failure(bad_upstream_body(status)),
+    let Ok(text) = std::str::from_utf8(bytes) else { return LineOutcome::Failure(bad_upstream_body(status)) };
+    let text = text.trim();
+    if !text.starts_with('{') {
+        return LineOutcome::Failure(bad_upstream_body(status));
     }
+    let Ok(body) = serde_json::from_str::<Box<RawValue>>(text) else {
+        return LineOutcome::Failure(bad_upstream_body(status));
+    };
+    let counts = serde_json::from_str::<UsageOnly>(text).ok().and_then(|u| u.usage).unwrap_or_default();
+    let total = match counts.total_tokens {
+        0 => counts.prompt_tokens + counts.completion_tokens,
+        total => total,
+    };
+    let usage =
+        Usage { input_tokens: counts.prompt_tokens, output_tokens: counts.completion_tokens, total_tokens: total };
+    LineOutcome::Success { status, request_id, body, usage }
 }
 
 /// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
@@ -58,7 +71,7 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: 
     for attempt in 1..=ATTEMPTS {
         stats.attempts = attempt;
         let mut request = client
-            .post(&upstream.url)
+            .post(upstream.url.clone())
             .timeout(upstream.timeout)
             .header("content-type", "application/json")
             .body(body.clone());

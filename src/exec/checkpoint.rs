@@ -184,6 +184,10 @@ impl ChunkWriter {
         self.pending.out.len() + self.pending.err.len()
     }
 
+    pub fn pending_bytes(&self) -> usize {
+        self.out.len() + self.err.len()
+    }
+
     /// Makes everything pushed so far durable: chunk files first, checkpoint last.
     pub async fn commit(&mut self) -> Result<Option<Arc<Checkpoint>>, StorageError> {
         if self.pending() == 0 {

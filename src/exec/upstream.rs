@@ -11,8 +11,8 @@ use crate::config::UpstreamConfig;
 
 pub struct Upstream {
     pub name: String,
-    /// `<base_url>/chat/completions`.
-    pub url: String,
+    /// `<base_url>/chat/completions`, parsed once rather than on every request.
+    pub url: reqwest::Url,
     pub api_key: Option<String>,
     models: Vec<String>,
     pub permits: Arc<Semaphore>,
@@ -29,8 +29,9 @@ impl Upstream {
     }
 }
 
-pub enum Route<'a> {
-    Upstream(&'a Upstream),
+pub enum Route {
+    /// The upstream at this position (see [`Upstreams::get`]).
+    Upstream(usize),
     /// The built-in `echo` model, served in-process.
     Echo,
     Unserved,
@@ -59,9 +60,13 @@ impl Upstreams {
                 })?),
                 None => None,
             };
+            let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+            let url = reqwest::Url::parse(&url).map_err(|error| {
+                format!("upstream {}: base_url {:?} is not a URL: {error}", config.name, config.base_url)
+            })?;
             upstreams.push(Upstream {
                 name: config.name.clone(),
-                url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+                url,
                 api_key,
                 models: config.models.clone(),
                 permits: Arc::new(Semaphore::new(config.max_concurrency)),
@@ -72,15 +77,20 @@ impl Upstreams {
         Ok(Self { upstreams })
     }
 
+    /// The upstream a [`Route::Upstream`] names.
+    pub fn get(&self, position: usize) -> &Upstream {
+        &self.upstreams[position]
+    }
+
     pub fn echo_only() -> Self {
         Self { upstreams: Vec::new() }
     }
 
     /// The first upstream whose `models` match; else the built-in echo model, for
     /// every model when no upstream is configured, and for `echo` always.
-    pub fn route(&self, model: &str) -> Route<'_> {
-        match self.upstreams.iter().find(|u| u.serves(model)) {
-            Some(upstream) => Route::Upstream(upstream),
+    pub fn route(&self, model: &str) -> Route {
+        match self.upstreams.iter().position(|u| u.serves(model)) {
+            Some(position) => Route::Upstream(position),
             None if self.upstreams.is_empty() || model == ECHO_MODEL => Route::Echo,
             None => Route::Unserved,
         }

@@ -23,8 +23,10 @@ use crate::batches::BatchSpec;
 use crate::clock;
 use crate::validate::Shard;
 
-/// Commit at the latest when this many records wait, whatever the interval.
+/// Commit at the latest when this many records, or this many bytes of them, wait,
+/// whatever the interval: a worker's memory stays bounded whatever the responses.
 const MAX_CHUNK_RECORDS: usize = 4096;
+const MAX_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 /// How a shard run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,13 +37,24 @@ pub enum ShardExit {
     Stopped,
 }
 
-type InFlight<'a> = Pin<Box<dyn Future<Output = (u32, String, LineOutcome)> + Send + 'a>>;
+/// A line in flight; it hands its permit back when done, so that the worker can
+/// send its next line on it at once instead of waking another task for it.
+type InFlight<'a> = Pin<Box<dyn Future<Output = Done> + Send + 'a>>;
+
+struct Done {
+    index: u32,
+    custom_id: String,
+    outcome: LineOutcome,
+    upstream: Option<usize>,
+    permit: OwnedSemaphorePermit,
+}
 
 /// A request read ahead of dispatch, waiting for a permit of its upstream.
 struct Ready {
     index: u32,
     custom_id: String,
-    model: String,
+    /// Its upstream by position, `None` for the built-in echo model.
+    upstream: Option<usize>,
     body: bytes::Bytes,
 }
 
@@ -68,6 +81,7 @@ pub async fn run_shard(
     let mut in_flight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
     let mut dispatching = true;
     let mut grace_ends: Option<Instant> = None;
+    let mut spare: Option<(Option<usize>, OwnedSemaphorePermit)> = None;
     let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -101,23 +115,37 @@ pub async fn run_shard(
                 );
                 continue;
             };
-            if let Route::Unserved = ctx.upstreams.route(&request.model) {
-                let outcome = LineOutcome::Failure(failure::no_upstream(&request.model));
-                record(ctx, spec, shard, &mut writer, index, &request.custom_id, outcome);
-                continue;
-            }
-            ready = Some(Ready { index, custom_id: request.custom_id, model: request.model, body: request.body });
+            let upstream = match ctx.upstreams.route(&request.model) {
+                Route::Upstream(position) => Some(position),
+                Route::Echo => None,
+                Route::Unserved => {
+                    let outcome = LineOutcome::Failure(failure::no_upstream(&request.model));
+                    record(ctx, spec, shard, &mut writer, index, &request.custom_id, outcome);
+                    continue;
+                }
+            };
+            ready = Some(Ready { index, custom_id: request.custom_id, upstream, body: request.body });
         }
-        if writer.pending() >= MAX_CHUNK_RECORDS {
+        if writer.pending() >= MAX_CHUNK_RECORDS || writer.pending_bytes() >= MAX_CHUNK_BYTES {
             writer.commit().await?;
         }
         if in_flight.is_empty() && (ready.is_none() || !dispatching) {
             break;
         }
+        // A permit just handed back by a finished line of the same upstream is reused
+        // on the spot: at full concurrency this is the common case, and it saves a
+        // wake-up of another task per line.
+        if let Some((upstream, permit)) = spare.take()
+            && dispatching
+            && let Some(request) = ready.take_if(|r| r.upstream == upstream)
+        {
+            launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+            continue;
+        }
 
-        let permits = ready.as_ref().map(|r| match ctx.upstreams.route(&r.model) {
-            Route::Upstream(upstream) => upstream.permits.clone(),
-            _ => ctx.echo_permits.clone(),
+        let permits = ready.as_ref().map(|r| match r.upstream {
+            Some(position) => ctx.upstreams.get(position).permits.clone(),
+            None => ctx.echo_permits.clone(),
         });
         tokio::select! {
             biased;
@@ -129,21 +157,19 @@ pub async fn run_shard(
                 dispatching = false;
                 grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
             }
-            Some((index, custom_id, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                record(ctx, spec, shard, &mut writer, index, &custom_id, outcome);
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                record(ctx, spec, shard, &mut writer, done.index, &done.custom_id, done.outcome);
+                spare = Some((done.upstream, done.permit));
+                if writer.pending_bytes() >= MAX_CHUNK_BYTES {
+                    writer.commit().await?;
+                }
             }
             _ = flush.tick() => {
                 writer.commit().await?;
             }
             permit = acquire(permits), if dispatching && ready.is_some() => {
                 let request = ready.take().expect("guarded by ready.is_some()");
-                // Quota is checked at the last moment, once earlier lines have charged theirs.
-                if ctx.quota.has_room(&spec.project_id) {
-                    in_flight.push(dispatch(ctx, request, permit));
-                } else {
-                    let outcome = LineOutcome::Failure(failure::quota_exhausted());
-                    record(ctx, spec, shard, &mut writer, request.index, &request.custom_id, outcome);
-                }
+                launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
             }
             _ = sleep_until_option(grace_ends), if grace_ends.is_some() => {
                 // Lines still in flight are abandoned: they have no record, and the
@@ -176,19 +202,33 @@ async fn acquire(permits: Option<Arc<tokio::sync::Semaphore>>) -> OwnedSemaphore
     }
 }
 
-fn dispatch<'a>(ctx: &'a ExecContext, request: Ready, permit: OwnedSemaphorePermit) -> InFlight<'a> {
-    Box::pin(async move {
-        let outcome = match ctx.upstreams.route(&request.model) {
-            Route::Upstream(upstream) => {
-                let (outcome, stats) = call_upstream(&ctx.client, upstream, request.body).await;
+/// Sends a line on `permit`, unless the project's quota is used up: checked at the
+/// last moment, once the lines before have charged theirs.
+fn launch<'a>(
+    ctx: &'a ExecContext,
+    spec: &BatchSpec,
+    shard: &Shard,
+    writer: &mut ChunkWriter,
+    in_flight: &mut FuturesUnordered<InFlight<'a>>,
+    request: Ready,
+    permit: OwnedSemaphorePermit,
+) {
+    if !ctx.quota.has_room(&spec.project_id) {
+        let outcome = LineOutcome::Failure(failure::quota_exhausted());
+        record(ctx, spec, shard, writer, request.index, &request.custom_id, outcome);
+        return;
+    }
+    in_flight.push(Box::pin(async move {
+        let outcome = match request.upstream {
+            Some(position) => {
+                let (outcome, stats) = call_upstream(&ctx.client, ctx.upstreams.get(position), request.body).await;
                 ctx.stats.record(stats);
                 outcome
             }
-            _ => echo(&request.body),
+            None => echo(&request.body),
         };
-        drop(permit);
-        (request.index, request.custom_id, outcome)
-    })
+        Done { index: request.index, custom_id: request.custom_id, outcome, upstream: request.upstream, permit }
+    }));
 }
 
 fn record(
