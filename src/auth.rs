@@ -114,6 +114,27 @@ impl Projects {
     }
 }
 
+/// The projects in force, replaced whole when they change (Project resources on
+/// Kubernetes); readers take a snapshot.
+#[derive(Default)]
+pub struct ProjectDirectory {
+    current: std::sync::RwLock<std::sync::Arc<Projects>>,
+}
+
+impl ProjectDirectory {
+    pub fn new(projects: Projects) -> Self {
+        Self { current: std::sync::RwLock::new(std::sync::Arc::new(projects)) }
+    }
+
+    pub fn current(&self) -> std::sync::Arc<Projects> {
+        self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    pub fn replace(&self, projects: Projects) {
+        *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = std::sync::Arc::new(projects);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,14 @@ pub struct Cli {
 pub enum Role {
     /// Run everything in one process on one machine, with local storage (the embedded default).
     Serve(ServeArgs),
+    /// Print the CustomResourceDefinitions (Batch, Project) as YAML.
+    Crd,
+    /// The HTTP API on Kubernetes (Batch and Project resources, S3 storage).
+    Api(crate::roles::api::ApiArgs),
+    /// The Batch controller on Kubernetes: shard Jobs, finalize, leader-elected.
+    Controller(crate::roles::controller::ControllerArgs),
+    /// Run one shard of one batch (the entrypoint of a worker Job's pod).
+    Worker(crate::roles::worker::WorkerArgs),
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -65,7 +73,14 @@ impl Cli {
         };
         let result = runtime.block_on(async {
             match self.role {
-                Role::Serve(args) => crate::serve::run(args.config()?).await,
+                Role::Serve(args) => crate::roles::serve::run(args.config()?).await,
+                Role::Api(args) => crate::roles::api::run(args).await,
+                Role::Controller(args) => crate::roles::controller::run(args).await,
+                Role::Worker(args) => crate::roles::worker::run(args).await,
+                Role::Crd => {
+                    print!("{}", crate::k8s::crd::crds_yaml());
+                    Ok(())
+                }
             }
         });
         match result {

@@ -28,6 +28,9 @@ pub struct Config {
     pub batches: BatchesConfig,
     #[serde(default)]
     pub files: FilesConfig,
+    /// Only read by `api`, `controller` and `worker`.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
 }
 
 fn default_listen() -> SocketAddr {
@@ -43,6 +46,7 @@ impl Default for Config {
             upstreams: Vec::new(),
             batches: BatchesConfig::default(),
             files: FilesConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -234,6 +238,78 @@ fn default_gc_interval() -> Duration {
 impl Default for FilesConfig {
     fn default() -> Self {
         Self { retention: default_retention(), gc_interval: default_gc_interval() }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// The namespace of Batches, Projects and worker Jobs; else `$POD_NAMESPACE`, else `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub worker: WorkerTemplate,
+}
+
+/// How the controller shapes each shard's Job. Fields under it use Kubernetes' own
+/// YAML (as in a pod spec).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerTemplate {
+    #[serde(default = "default_worker_image")]
+    pub image: String,
+    #[serde(default)]
+    pub image_pull_policy: Option<String>,
+    /// Where the worker's pod finds this configuration (a mounted ConfigMap).
+    #[serde(default = "default_worker_config_path")]
+    pub config_path: String,
+    /// Pod retries per shard Job; a retried pod resumes from the shard's checkpoints.
+    #[serde(default = "default_backoff_limit")]
+    pub backoff_limit: i32,
+    #[serde(default)]
+    pub env: Vec<k8s_openapi::api::core::v1::EnvVar>,
+    #[serde(default)]
+    pub volumes: Vec<k8s_openapi::api::core::v1::Volume>,
+    #[serde(default)]
+    pub volume_mounts: Vec<k8s_openapi::api::core::v1::VolumeMount>,
+    #[serde(default)]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    #[serde(default)]
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    #[serde(default)]
+    pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
+    #[serde(default)]
+    pub pod_security_context: Option<k8s_openapi::api::core::v1::PodSecurityContext>,
+}
+
+fn default_worker_image() -> String {
+    "nightshift:latest".to_owned()
+}
+fn default_worker_config_path() -> String {
+    "/etc/nightshift/config.yaml".to_owned()
+}
+fn default_backoff_limit() -> i32 {
+    3
+}
+
+impl Default for WorkerTemplate {
+    fn default() -> Self {
+        Self {
+            image: default_worker_image(),
+            image_pull_policy: None,
+            config_path: default_worker_config_path(),
+            backoff_limit: default_backoff_limit(),
+            env: Vec::new(),
+            volumes: Vec::new(),
+            volume_mounts: Vec::new(),
+            resources: None,
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
+            security_context: None,
+            pod_security_context: None,
+        }
     }
 }
 

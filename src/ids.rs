@@ -27,7 +27,7 @@ fn is_id_body(body: &str) -> bool {
 macro_rules! prefixed_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -122,6 +122,20 @@ impl ProjectId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl schemars::JsonSchema for ProjectId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ProjectId".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        String::json_schema(generator)
     }
 }
 

@@ -15,27 +15,49 @@ use crate::ids::{BatchId, ProjectId};
 struct ProjectUsage {
     total: u64,
     by_batch: HashMap<BatchId, u64>,
+    /// Usage known for the project as a whole (a Project resource's status).
+    floor: u64,
 }
 
 #[derive(Default)]
 pub struct QuotaLedger {
-    limits: HashMap<ProjectId, u64>,
+    limits: Mutex<HashMap<ProjectId, u64>>,
     used: Mutex<HashMap<ProjectId, ProjectUsage>>,
 }
 
 impl QuotaLedger {
     pub fn new(projects: &Projects) -> Self {
-        Self { limits: projects.quotas().collect(), used: Mutex::default() }
+        let ledger = Self::default();
+        ledger.set_limits(projects);
+        ledger
+    }
+
+    /// A ledger for one project that may use `limit` more tokens (a worker's view).
+    pub fn single(project: &ProjectId, limit: Option<u64>) -> Self {
+        Self { limits: Mutex::new(limit.map(|l| (project.clone(), l)).into_iter().collect()), used: Mutex::default() }
+    }
+
+    /// Takes the quotas of `projects` (they changed).
+    pub fn set_limits(&self, projects: &Projects) {
+        *self.limits.lock().expect("quota limits") = projects.quotas().collect();
+    }
+
+    /// Durable: the project is known to have used `tokens` in all.
+    pub fn observe_project(&self, project: &ProjectId, tokens: u64) {
+        let mut used = self.used.lock().expect("quota ledger");
+        let usage = used.entry(project.clone()).or_default();
+        usage.floor = usage.floor.max(tokens);
     }
 
     /// Tokens the project has used, over all its batches.
     pub fn used(&self, project: &ProjectId) -> u64 {
-        self.used.lock().expect("quota ledger").get(project).map_or(0, |usage| usage.total)
+        self.used.lock().expect("quota ledger").get(project).map_or(0, |usage| usage.total.max(usage.floor))
     }
 
     /// Whether the project may spend more tokens (always, without a quota).
     pub fn has_room(&self, project: &ProjectId) -> bool {
-        self.limits.get(project).is_none_or(|&limit| self.used(project) < limit)
+        let limit = self.limits.lock().expect("quota limits").get(project).copied();
+        limit.is_none_or(|limit| self.used(project) < limit)
     }
 
     /// Live: a line of `batch` just used `tokens`.

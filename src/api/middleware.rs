@@ -85,7 +85,7 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
 
 fn authenticated_project(state: &AppState, headers: &HeaderMap) -> Result<Project, ApiError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    Ok(state.projects.authenticate(header(PROJECT_HEADER), header(API_KEY_HEADER))?.clone())
+    Ok(state.projects.current().authenticate(header(PROJECT_HEADER), header(API_KEY_HEADER))?.clone())
 }
 
 /// Unknown routes, worded like OpenAI's.

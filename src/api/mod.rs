@@ -16,7 +16,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 pub use error::{ApiError, ErrorType};
 pub use middleware::REQUEST_ID_HEADER;
 
-use crate::auth::Projects;
+use crate::auth::ProjectDirectory;
 use crate::batches::{BatchSettings, BatchStore};
 use crate::files::FileCatalog;
 use crate::quota::QuotaLedger;
@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 /// What every handler may reach.
 #[derive(Clone)]
 pub struct AppState {
-    pub projects: Arc<Projects>,
+    pub projects: Arc<ProjectDirectory>,
     pub files: FileCatalog,
     pub batches: Arc<dyn BatchStore>,
     pub batch_settings: BatchSettings,
@@ -41,6 +41,9 @@ pub fn router(state: AppState) -> Router {
         .merge(files::router())
         .merge(batches::router())
         .route_layer(from_fn_with_state(state.clone(), middleware::authenticate))
+        // Probes: no credentials, no dependencies checked beyond the process answering.
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(|| async { "ok" }))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)

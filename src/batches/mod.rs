@@ -13,4 +13,4 @@ pub use embedded::EmbeddedBatchStore;
 pub use lifecycle::{Refusal, cancel};
 pub use model::{Batch, BatchError, BatchSpec, BatchState, Ending, RequestCounts, ReservedFiles, Status, Usage};
 pub use object::BatchObject;
-pub use store::{BatchPage, BatchStore, StoreError, UpdateError};
+pub use store::{BatchPage, BatchStore, StateChange, StoreError, UpdateError};

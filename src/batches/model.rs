@@ -2,6 +2,7 @@
 //! lifecycle. The same document is a file in the embedded store and a custom
 //! resource on Kubernetes.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -9,7 +10,7 @@ use crate::clock::UnixSeconds;
 use crate::ids::{BatchId, FileId, ProjectId};
 use crate::validate::ShardPlan;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Validating,
@@ -42,13 +43,14 @@ impl Status {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BatchSpec {
     pub id: BatchId,
     pub project_id: ProjectId,
     pub input_file_id: FileId,
     pub endpoint: String,
     pub completion_window: String,
+    #[schemars(schema_with = "crate::k8s::schema::any_object")]
     pub metadata: Map<String, Value>,
     pub created_at: UnixSeconds,
     pub expires_at: UnixSeconds,
@@ -57,7 +59,7 @@ pub struct BatchSpec {
     pub plan: ShardPlan,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RequestCounts {
     pub total: u64,
     pub completed: u64,
@@ -65,7 +67,7 @@ pub struct RequestCounts {
 }
 
 /// Token usage, summed over the batch's lines (OpenAI's `Batch.usage`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -73,7 +75,7 @@ pub struct Usage {
 }
 
 /// One entry of `Batch.errors.data`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BatchError {
     pub code: String,
     pub message: String,
@@ -81,7 +83,7 @@ pub struct BatchError {
     pub param: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BatchState {
     pub status: Status,
     #[serde(default)]
@@ -120,7 +122,7 @@ pub struct BatchState {
 }
 
 /// How a batch whose lines all have records ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Ending {
     Completed,
@@ -128,7 +130,7 @@ pub enum Ending {
     Expired,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReservedFiles {
     pub output: FileId,
     pub error: FileId,

@@ -1,9 +1,10 @@
 //! The shard plan: consecutive runs of requests, each with the byte range that holds
 //! them, so that a worker reads only its own part of the input.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Shard {
     pub index: u32,
     /// 0-based ordinal of the shard's first request among all requests of the file.
@@ -15,7 +16,7 @@ pub struct Shard {
     pub byte_end: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShardPlan {
     pub shard_lines: u32,
     pub shards: Vec<Shard>,

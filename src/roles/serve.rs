@@ -5,35 +5,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState};
-use crate::auth::Projects;
+use crate::auth::{ProjectDirectory, Projects};
 use crate::batches::{BatchSettings, EmbeddedBatchStore};
-use crate::config::{Config, StorageConfig};
+use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::{self, FileCatalog};
 use crate::quota::QuotaLedger;
 use crate::runner::Runner;
-use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store};
-
-pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    if let Some(s3) = &config.s3 {
-        let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
-        return Ok(Arc::new(S3Store::new(S3Settings {
-            bucket: s3.bucket.clone(),
-            endpoint: s3.endpoint.clone(),
-            region: s3.region.clone(),
-            prefix: s3.prefix.clone(),
-            path_style: s3.path_style,
-            access_key_id: env(&s3.access_key_id_env)?,
-            secret_access_key: env(&s3.secret_access_key_env)?,
-            session_token: std::env::var("AWS_SESSION_TOKEN").ok(),
-        })));
-    }
-    let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;
-    let store = DirStore::open(dir).await.with_context(|| format!("cannot use {} for storage", dir.display()))?;
-    Ok(Arc::new(store))
-}
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config.storage).await?;
@@ -65,7 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.batches.max_running_shards,
     ));
     let state = AppState {
-        projects: Arc::new(projects),
+        projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),
         batches,
         batch_settings: BatchSettings {
@@ -93,20 +74,4 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     gc.abort();
     reconciler.abort();
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler can be installed");
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
-    tracing::info!("shutting down");
 }

@@ -1,0 +1,366 @@
+//! The Batch controller: a kube-runtime Controller that drives every Batch through
+//! its lifecycle by the pure decisions of [`crate::reconcile`], acting with one Job
+//! per shard. Status is written with server-side apply under one field manager,
+//! guarded by the resourceVersion it was decided from, so a cancel written by the API
+//! in between is never overwritten.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizing, finalizer};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::crd::{BATCH_LABEL, BatchResource, ProjectResource, resource_name};
+use super::jobs::{JobPhase, job_phase, job_shard, shard_job};
+use super::store::to_batch;
+use crate::batches::{Batch, BatchState, Ending, ReservedFiles};
+use crate::clock;
+use crate::config::WorkerTemplate;
+use crate::exec::checkpoint::ShardLedger;
+use crate::exec::drain::drain_shard;
+use crate::exec::finalize::finalize;
+use crate::exec::{ExecContext, ExecError, failure};
+use crate::ids::FileId;
+use crate::reconcile::{self as decisions, ShardProgress};
+
+pub const FIELD_MANAGER: &str = "nightshift-controller";
+/// Removes a Batch's shard data from object storage before the Batch goes.
+pub const FINALIZER: &str = "nightshift.dev/storage-cleanup";
+/// How often a running batch is looked at again: live counts come from checkpoints.
+const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+pub struct Context {
+    pub client: Client,
+    pub namespace: String,
+    pub exec: Arc<ExecContext>,
+    pub worker: WorkerTemplate,
+    pub recorder: Recorder,
+    pub jobs: Store<Job>,
+    pub projects: Store<ProjectResource>,
+}
+
+impl Context {
+    fn batches(&self) -> Api<BatchResource> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn jobs_api(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn event(&self, batch: &BatchResource, reason: &str, note: String) {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &batch.object_ref(&())).await {
+            tracing::warn!(%error, "could not publish an event");
+        }
+    }
+}
+
+/// Runs the controller until a shutdown signal.
+pub async fn run(ctx: Arc<Context>) {
+    let batches = ctx.batches();
+    Controller::new(batches, watcher::Config::default())
+        .owns(ctx.jobs_api(), watcher::Config::default().labels(BATCH_LABEL))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile did not complete");
+            }
+        })
+        .await;
+}
+
+/// Starts a watch cache of `api` (filtered by `config`) and waits for its first sync.
+pub async fn cache<K>(api: Api<K>, config: watcher::Config) -> anyhow::Result<Store<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config).default_backoff().reflect(writer).applied_objects();
+    tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watch interrupted; retrying");
+            }
+        }
+    });
+    store.wait_until_ready().await?;
+    Ok(store)
+}
+
+async fn reconcile(batch: Arc<BatchResource>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    finalizer(&ctx.batches(), FINALIZER, batch, |event| async {
+        match event {
+            Finalizing::Apply(batch) => apply(&batch, &ctx).await,
+            Finalizing::Cleanup(batch) => cleanup(&batch, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|error| match error {
+        kube::runtime::finalizer::Error::ApplyFailed(error) | kube::runtime::finalizer::Error::CleanupFailed(error) => {
+            error
+        }
+        other => ControllerError::Finalizer(other.to_string()),
+    })
+}
+
+/// Transient failures (the API server, storage) are retried with a pause.
+fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(batch = %batch.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn ledger_progress(batch: &Batch, ledgers: &[ShardLedger]) -> Vec<ShardProgress> {
+    batch
+        .spec
+        .plan
+        .shards
+        .iter()
+        .zip(ledgers)
+        .map(|(shard, ledger)| ShardProgress {
+            requests: shard.requests,
+            completed: ledger.completed,
+            failed: ledger.failed,
+            usage: ledger.usage,
+        })
+        .collect()
+}
+
+async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    if resource.status.is_none() {
+        // The API writes the first status right after creating the resource.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let batch = to_batch(resource);
+    if batch.state.status.is_terminal() {
+        return Ok(Action::await_change());
+    }
+    let name = resource.name_any();
+    let jobs: Vec<Arc<Job>> =
+        ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
+    // Jobs are read before checkpoints: a Job that ends in between counts as running.
+    let running: BTreeSet<u32> =
+        jobs.iter().filter(|job| job_phase(job) == JobPhase::Running).filter_map(|job| job_shard(job)).collect();
+    let mut ledgers = Vec::with_capacity(batch.spec.plan.shards.len());
+    for shard in &batch.spec.plan.shards {
+        ledgers.push(
+            ctx.exec.checkpoints.ledger(ctx.exec.store.as_ref(), &batch.spec.id, shard.index, shard.requests).await?,
+        );
+    }
+    let now = clock::now();
+    let decision = decisions::decide(&batch, &ledger_progress(&batch, &ledgers), &running, now);
+    if decision.state != batch.state && !write_status(resource, &decision.state, ctx).await? {
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    if decision.state.status != batch.state.status {
+        ctx.event(
+            resource,
+            "StatusChanged",
+            format!("{} → {}", batch.state.status.as_str(), decision.state.status.as_str()),
+        )
+        .await;
+    }
+    let batch = Batch { state: decision.state, ..batch };
+
+    match decision.action {
+        decisions::Action::Wait => {}
+        decisions::Action::Run(shards) => {
+            let quota_left = quota_left(ctx, &batch);
+            for index in shards {
+                let Some(shard) = batch.spec.plan.shards.iter().find(|s| s.index == index) else { continue };
+                // A shard whose Job gave up (backoffLimit) gets a fresh Job, after a pause.
+                if let Some(failed) =
+                    jobs.iter().find(|j| job_shard(j) == Some(index) && job_phase(j) == JobPhase::Failed)
+                {
+                    delete_job(ctx, &failed.name_any()).await?;
+                    ctx.event(resource, "ShardRetried", format!("the Job of shard {index} failed; starting it again"))
+                        .await;
+                    continue;
+                }
+                if jobs.iter().any(|j| job_shard(j) == Some(index)) {
+                    continue;
+                }
+                let job = shard_job(resource, shard, &ctx.worker, quota_left);
+                match ctx.jobs_api().create(&PostParams::default(), &job).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 409 => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+        decisions::Action::Stop => {
+            for job in jobs.iter().filter(|job| job_phase(job) == JobPhase::Running) {
+                delete_job(ctx, &job.name_any()).await?;
+            }
+            ctx.event(resource, "Stopping", "stopping the batch's workers".into()).await;
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        decisions::Action::Drain(ending) => {
+            let reason = if ending == Ending::Expired { failure::expired() } else { failure::cancelled() };
+            for (shard, ledger) in batch.spec.plan.shards.iter().zip(&ledgers) {
+                drain_shard(&ctx.exec, &batch.spec, shard, ledger, &reason).await?;
+            }
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+        decisions::Action::Finalize(ending) => {
+            finalize_batch(resource, &batch, &ledgers, ending, ctx).await?;
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+    }
+    let until_expiry = Duration::from_secs((batch.spec.expires_at - now).max(0) as u64);
+    Ok(Action::requeue(PROGRESS_REQUEUE.min(until_expiry + Duration::from_millis(100))))
+}
+
+async fn finalize_batch(
+    resource: &BatchResource,
+    batch: &Batch,
+    ledgers: &[ShardLedger],
+    ending: Ending,
+    ctx: &Context,
+) -> Result<(), ControllerError> {
+    let Some(reserved) = batch.state.reserved_files.clone() else {
+        // Reserve the files' ids durably first: a finalize run again writes the same files.
+        let mut state = batch.state.clone();
+        state.reserved_files = Some(ReservedFiles { output: FileId::generate(), error: FileId::generate() });
+        write_status(resource, &state, ctx).await?;
+        return Ok(());
+    };
+    let files = finalize(&ctx.exec, &batch.spec, ledgers, &reserved).await?;
+    let state = decisions::finished(&batch.state, ending, &files, clock::now());
+    if write_status(resource, &state, ctx).await? {
+        let counts = state.request_counts;
+        let note = format!(
+            "{}: {} completed, {} failed of {}",
+            state.status.as_str(),
+            counts.completed,
+            counts.failed,
+            counts.total
+        );
+        ctx.event(resource, "Finished", note).await;
+        ctx.exec.checkpoints.forget(&batch.spec.id);
+    }
+    Ok(())
+}
+
+/// Applies `state` as the Batch's status, unless the Batch changed since `resource`
+/// was read (then: false, and the next reconcile decides again).
+async fn write_status(resource: &BatchResource, state: &BatchState, ctx: &Context) -> Result<bool, ControllerError> {
+    let patch = json!({
+        "apiVersion": "nightshift.dev/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": resource.name_any(), "resourceVersion": resource.resource_version()},
+        "status": state,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match ctx.batches().patch_status(&resource.name_any(), &params, &Patch::Apply(&patch)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn delete_job(ctx: &Context, name: &str) -> Result<(), ControllerError> {
+    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..DeleteParams::default() };
+    match ctx.jobs_api().delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Tokens the batch's project may still use, when it has a quota.
+fn quota_left(ctx: &Context, batch: &Batch) -> Option<u64> {
+    let project = ctx.projects.state().into_iter().find(|p| p.spec.id == batch.spec.project_id)?;
+    let quota = project.spec.quota?.tokens;
+    let used = project.status.as_ref().map_or(0, |s| s.used_tokens);
+    Some(quota.saturating_sub(used))
+}
+
+/// The Batch is being deleted: its Jobs go with it (owner references); its shard
+/// data in object storage goes here.
+async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    let prefix = format!("batches/{}/", resource.spec.batch.id);
+    let store = ctx.exec.store.as_ref();
+    for key in store.list(&prefix).await.map_err(ExecError::from)? {
+        store.delete(&key).await.map_err(ExecError::from)?;
+    }
+    ctx.exec.checkpoints.forget(&resource.spec.batch.id);
+    Ok(Action::await_change())
+}
+
+/// Keeps each Project's `status.used_tokens` equal to the usage of its Batches.
+pub async fn sync_project_usage(ctx: Arc<Context>, batches: Store<BatchResource>) {
+    let api: Api<ProjectResource> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        ticker.tick().await;
+        let all = batches.state();
+        for project in ctx.projects.state() {
+            let used: u64 = all
+                .iter()
+                .filter(|b| b.spec.batch.project_id == project.spec.id)
+                .filter_map(|b| b.status.as_ref())
+                .map(|s| s.usage.total_tokens)
+                .sum();
+            if project.status.as_ref().map_or(0, |s| s.used_tokens) == used {
+                continue;
+            }
+            let patch =
+                json!({"apiVersion": "nightshift.dev/v1alpha1", "kind": "Project", "status": {"used_tokens": used}});
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            if let Err(error) = api.patch_status(&project.name_any(), &params, &Patch::Apply(&patch)).await {
+                tracing::warn!(project = %project.name_any(), %error, "could not update project usage");
+            }
+        }
+    }
+}
+
+/// Fails startup with instructions when the CRDs are not installed.
+pub async fn check_crds(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let api: Api<BatchResource> = Api::namespaced(client.clone(), namespace);
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => anyhow::bail!(
+            "the Batch CRD is not installed: `kubectl apply -f crds/nightshift.yaml` (or install the Helm chart, whose crds/ holds it)"
+        ),
+        Err(error) => Err(error.into()),
+    }
+}
+
+pub fn reporter(instance: &str) -> Reporter {
+    Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_owned()) }
+}
+
+/// For tests and benchmarks: the name of a Batch resource.
+pub fn name_of(batch: &Batch) -> String {
+    resource_name(&batch.spec.id)
+}

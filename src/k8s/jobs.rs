@@ -1,0 +1,166 @@
+//! What Job a shard of a Batch runs as, and what a Job's status says. Pure.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use kube::Resource;
+use kube::api::ObjectMeta;
+
+use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
+use crate::config::WorkerTemplate;
+use crate::validate::Shard;
+
+pub const SHARD_LABEL: &str = "nightshift.dev/shard";
+
+pub fn job_name(batch: &BatchResource, shard: u32) -> String {
+    format!("{}-s{shard}", resource_name(&batch.spec.batch.id))
+}
+
+/// The Job that runs `shard` of `batch`: one pod, no Kubernetes credentials, its
+/// shard's line and byte range in its arguments, owned by the Batch (so deleting the
+/// Batch deletes it).
+pub fn shard_job(batch: &BatchResource, shard: &Shard, template: &WorkerTemplate, quota_left: Option<u64>) -> Job {
+    let spec = &batch.spec.batch;
+    let labels = [
+        (BATCH_LABEL.to_owned(), resource_name(&spec.id)),
+        (PROJECT_LABEL.to_owned(), spec.project_id.to_string()),
+        (SHARD_LABEL.to_owned(), shard.index.to_string()),
+    ];
+    let mut args = vec![
+        "worker".to_owned(),
+        format!("--config={}", template.config_path),
+        format!("--batch-id={}", spec.id),
+        format!("--project-id={}", spec.project_id),
+        format!("--input-file-id={}", spec.input_file_id),
+        format!("--expires-at={}", spec.expires_at),
+        format!("--shard-index={}", shard.index),
+        format!("--first-request={}", shard.first_request),
+        format!("--requests={}", shard.requests),
+        format!("--byte-start={}", shard.byte_start),
+        format!("--byte-end={}", shard.byte_end),
+    ];
+    if let Some(left) = quota_left {
+        args.push(format!("--quota-tokens-left={left}"));
+    }
+    let container = Container {
+        name: "worker".to_owned(),
+        image: Some(template.image.clone()),
+        image_pull_policy: template.image_pull_policy.clone(),
+        args: Some(args),
+        env: (!template.env.is_empty()).then(|| template.env.clone()),
+        volume_mounts: (!template.volume_mounts.is_empty()).then(|| template.volume_mounts.clone()),
+        resources: template.resources.clone(),
+        security_context: template.security_context.clone(),
+        ..Container::default()
+    };
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(batch, shard.index)),
+            namespace: batch.metadata.namespace.clone(),
+            labels: Some(labels.iter().cloned().collect()),
+            owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(template.backoff_limit),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels.into_iter().collect()), ..ObjectMeta::default() }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".to_owned()),
+                    // Progress and checkpoints travel through object storage.
+                    automount_service_account_token: Some(false),
+                    containers: vec![container],
+                    volumes: (!template.volumes.is_empty()).then(|| template.volumes.clone()),
+                    node_selector: (!template.node_selector.is_empty()).then(|| template.node_selector.clone()),
+                    tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+                    security_context: template.pod_security_context.clone(),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Where a Job stands, from its status conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Running,
+    Complete,
+    /// Its pods failed more often than `backoffLimit` allows.
+    Failed,
+}
+
+pub fn job_phase(job: &Job) -> JobPhase {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let holds = |kind: &str| conditions.is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"));
+    if holds("Complete") {
+        JobPhase::Complete
+    } else if holds("Failed") {
+        JobPhase::Failed
+    } else {
+        JobPhase::Running
+    }
+}
+
+/// The shard a Job runs, from its label.
+pub fn job_shard(job: &Job) -> Option<u32> {
+    job.metadata.labels.as_ref()?.get(SHARD_LABEL)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batches::{BatchSpec, BatchState};
+    use crate::ids::{BatchId, FileId, ProjectId};
+    use crate::k8s::crd::BatchResourceSpec;
+
+    fn batch() -> BatchResource {
+        let mut resource = BatchResource::new(
+            "batch-01abc",
+            BatchResourceSpec {
+                batch: BatchSpec {
+                    id: BatchId::parse("batch_01ABC").unwrap(),
+                    project_id: ProjectId::generate(),
+                    input_file_id: FileId::generate(),
+                    endpoint: "/v1/chat/completions".into(),
+                    completion_window: "24h".into(),
+                    metadata: Default::default(),
+                    created_at: 1,
+                    expires_at: 86_401,
+                    plan: Default::default(),
+                },
+            },
+        );
+        resource.metadata.namespace = Some("ns".into());
+        resource.metadata.uid = Some("uid-1".into());
+        resource.status = Some(BatchState::in_progress(1, 10));
+        resource
+    }
+
+    #[test]
+    fn a_shard_job_carries_its_range_has_no_credentials_and_is_owned_by_the_batch() {
+        let shard = Shard { index: 2, first_request: 10, requests: 5, byte_start: 100, byte_end: 200 };
+        let job = shard_job(&batch(), &shard, &WorkerTemplate::default(), Some(42));
+        assert_eq!(job.metadata.name.as_deref(), Some("batch-01abc-s2"));
+        let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("Batch", Some(true)));
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        let args = pod.containers[0].args.as_ref().unwrap();
+        for expected in [
+            "worker",
+            "--shard-index=2",
+            "--first-request=10",
+            "--requests=5",
+            "--byte-start=100",
+            "--byte-end=200",
+            "--quota-tokens-left=42",
+        ] {
+            assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+        }
+        assert_eq!(job_shard(&job), Some(2));
+        assert_eq!(job_phase(&job), JobPhase::Running);
+    }
+}

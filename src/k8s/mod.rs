@@ -1,0 +1,10 @@
+//! Nightshift on Kubernetes: the custom resources, the batch store over them, the
+//! project directory, and the controller that runs batches as Jobs.
+
+pub mod controller;
+pub mod crd;
+pub mod jobs;
+pub mod leader;
+pub mod projects;
+pub mod schema;
+pub mod store;

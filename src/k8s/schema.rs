@@ -1,0 +1,12 @@
+//! Schema pieces that a Kubernetes structural schema needs and schemars does not know.
+
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+/// Any JSON object, kept as it is: Kubernetes prunes fields a schema does not name,
+/// unless told to preserve them.
+pub fn any_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}

@@ -1,0 +1,143 @@
+//! The batch store over Batch custom resources: reads from a watch cache (cheap and
+//! current), writes to the API server, with optimistic concurrency on status.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinHandle;
+
+use super::crd::{BatchResource, BatchResourceSpec, PROJECT_LABEL, resource_name};
+use crate::batches::{Batch, BatchPage, BatchState, BatchStore, StateChange, Status, StoreError, UpdateError};
+use crate::ids::{BatchId, ProjectId};
+
+pub struct KubeBatchStore {
+    api: Api<BatchResource>,
+    namespace: String,
+    cache: Store<BatchResource>,
+    _watch: JoinHandle<()>,
+}
+
+fn backend(error: kube::Error) -> StoreError {
+    StoreError::Backend(error.to_string())
+}
+
+fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409)
+}
+
+/// A Batch resource as the domain's Batch. A resource without status yet (the
+/// instant between create and the first status write) reads as `validating`.
+pub fn to_batch(resource: &BatchResource) -> Batch {
+    let state = resource.status.clone().unwrap_or_else(|| BatchState::failed(0, Vec::new()));
+    let state = match resource.status {
+        Some(_) => state,
+        None => BatchState { status: Status::Validating, failed_at: None, ..state },
+    };
+    Batch { spec: resource.spec.batch.clone(), state }
+}
+
+impl KubeBatchStore {
+    /// Starts the watch cache of Batches in `namespace` and waits for its first sync.
+    pub async fn start(client: kube::Client, namespace: &str) -> anyhow::Result<Self> {
+        let api: Api<BatchResource> = Api::namespaced(client, namespace);
+        let (cache, writer) = reflector::store();
+        let stream =
+            watcher(api.clone(), watcher::Config::default()).default_backoff().reflect(writer).applied_objects();
+        let watch = tokio::spawn(async move {
+            futures_util::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(error) = event {
+                    tracing::warn!(%error, "batch watch interrupted; retrying");
+                }
+            }
+        });
+        cache.wait_until_ready().await?;
+        Ok(Self { api, namespace: namespace.to_owned(), cache, _watch: watch })
+    }
+
+    /// The watch cache, for readers that want every Batch (the controller's status).
+    pub fn cache(&self) -> &Store<BatchResource> {
+        &self.cache
+    }
+
+    fn owned_by(resource: &BatchResource, project: &ProjectId) -> bool {
+        resource.spec.batch.project_id == *project
+    }
+
+    async fn fetch(&self, project: &ProjectId, id: &BatchId) -> Result<Option<BatchResource>, StoreError> {
+        let name = resource_name(id);
+        let cached = self.cache.get(&ObjectRef::new(&name).within(&self.namespace));
+        let resource = match cached {
+            Some(resource) => Some(Arc::unwrap_or_clone(resource)),
+            // Not in the cache yet (just created): ask the API server.
+            None => self.api.get_opt(&name).await.map_err(backend)?,
+        };
+        Ok(resource.filter(|r| Self::owned_by(r, project) && r.spec.batch.id == *id))
+    }
+}
+
+#[async_trait]
+impl BatchStore for KubeBatchStore {
+    async fn insert(&self, batch: &Batch) -> Result<(), StoreError> {
+        let name = resource_name(&batch.spec.id);
+        let resource = BatchResource {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some([(PROJECT_LABEL.to_owned(), batch.spec.project_id.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: BatchResourceSpec { batch: batch.spec.clone() },
+            status: None,
+        };
+        let mut created = self.api.create(&PostParams::default(), &resource).await.map_err(backend)?;
+        // The status subresource ignores status on create: write it next.
+        created.status = Some(batch.state.clone());
+        self.api.replace_status(&name, &PostParams::default(), &created).await.map_err(backend)?;
+        Ok(())
+    }
+
+    async fn get(&self, project: &ProjectId, id: &BatchId) -> Result<Option<Batch>, StoreError> {
+        Ok(self.fetch(project, id).await?.as_ref().map(to_batch))
+    }
+
+    async fn list(&self, project: &ProjectId, after: Option<&BatchId>, limit: usize) -> Result<BatchPage, StoreError> {
+        let mut batches: Vec<Batch> = self
+            .cache
+            .state()
+            .iter()
+            .filter(|r| Self::owned_by(r, project))
+            .filter(|r| after.is_none_or(|after| r.spec.batch.id < *after))
+            .map(|r| to_batch(r))
+            .collect();
+        batches.sort_by(|a, b| b.spec.id.cmp(&a.spec.id));
+        let has_more = batches.len() > limit;
+        batches.truncate(limit);
+        Ok(BatchPage { batches, has_more })
+    }
+
+    async fn update(&self, project: &ProjectId, id: &BatchId, change: StateChange<'_>) -> Result<Batch, UpdateError> {
+        let name = resource_name(id);
+        loop {
+            // Fresh from the API server: its resourceVersion makes the write a compare-and-swap.
+            let mut resource = self.api.get_opt(&name).await.map_err(backend)?.ok_or(UpdateError::NotFound)?;
+            if !Self::owned_by(&resource, project) {
+                return Err(UpdateError::NotFound);
+            }
+            let mut batch = to_batch(&resource);
+            if !change(&mut batch.state)? {
+                return Ok(batch);
+            }
+            resource.status = Some(batch.state.clone());
+            match self.api.replace_status(&name, &PostParams::default(), &resource).await {
+                Ok(_) => return Ok(batch),
+                Err(error) if is_conflict(&error) => continue,
+                Err(error) => return Err(backend(error).into()),
+            }
+        }
+    }
+}

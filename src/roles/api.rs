@@ -1,0 +1,94 @@
+//! `nightshift api`: the HTTP API on Kubernetes. Batches are Batch resources (reads
+//! from a watch cache), projects are Project resources with key hashes in Secrets,
+//! files are in object storage. Several replicas may run side by side.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::sync::Notify;
+
+use super::{open_store, shutdown_signal};
+use crate::api::{self, AppState};
+use crate::auth::ProjectDirectory;
+use crate::batches::{BatchSettings, Status};
+use crate::config::Config;
+use crate::files::{self, FileCatalog};
+use crate::k8s::controller::check_crds;
+use crate::k8s::store::{KubeBatchStore, to_batch};
+use crate::quota::QuotaLedger;
+
+#[derive(Args, Debug, Clone)]
+pub struct ApiArgs {
+    /// YAML configuration file (storage, batches, files; projects come from Project resources).
+    #[arg(long, env = "NIGHTSHIFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on; overrides `listen`.
+    #[arg(long, env = "NIGHTSHIFT_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Namespace of Batches and Projects; overrides `kubernetes.namespace`.
+    #[arg(long, env = "NIGHTSHIFT_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// The namespace to work in: the flag, the configuration, the pod's own, or `default`.
+pub fn namespace(flag: Option<&str>, config: &Config) -> String {
+    flag.map(str::to_owned)
+        .or_else(|| config.kubernetes.namespace.clone())
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let namespace = namespace(args.namespace.as_deref(), &config);
+    let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
+    check_crds(&client, &namespace).await?;
+
+    let store = open_store(&config.storage).await?;
+    let files = FileCatalog::new(store, config.files.retention);
+    let batches = Arc::new(KubeBatchStore::start(client.clone(), &namespace).await?);
+    let directory = Arc::new(ProjectDirectory::default());
+    let quota = Arc::new(QuotaLedger::default());
+    crate::k8s::projects::follow(client, &namespace, directory.clone(), quota.clone()).await?;
+    let state = AppState {
+        projects: directory,
+        files: files.clone(),
+        batches: batches.clone(),
+        batch_settings: BatchSettings {
+            completion_window: config.batches.completion_window,
+            shard_lines: config.batches.shard_lines,
+        },
+        quota,
+        // The controller watches Batches: nothing to wake.
+        wake: Arc::new(Notify::new()),
+    };
+
+    let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
+        let batches = batches.clone();
+        async move {
+            let unfinished = batches.cache().state();
+            unfinished
+                .iter()
+                .map(|resource| to_batch(resource))
+                .filter(|batch| !batch.state.status.is_terminal() || batch.state.status == Status::Validating)
+                .map(|batch| batch.spec.input_file_id)
+                .collect()
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    println!("Nightshift API listening on http://{} (namespace {namespace})", listener.local_addr()?);
+    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    gc.abort();
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `nightshift controller`: reconciles Batch resources into shard Jobs, finalizes
+//! them, and keeps Projects' usage. Leader-elected: replicas wait on a Lease.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use kube::api::Api;
+use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
+
+use super::api::namespace;
+use super::open_store;
+use crate::config::Config;
+use crate::exec::upstream::Upstreams;
+use crate::exec::{ExecContext, ExecSettings};
+use crate::files::FileCatalog;
+use crate::k8s::controller::{self, Context, cache, check_crds, reporter, sync_project_usage};
+use crate::k8s::crd::{BATCH_LABEL, BatchResource, ProjectResource};
+use crate::k8s::leader::LeaderElection;
+use crate::quota::QuotaLedger;
+
+pub const LEASE_NAME: &str = "nightshift-controller";
+
+#[derive(Args, Debug, Clone)]
+pub struct ControllerArgs {
+    /// YAML configuration file (storage, batches, kubernetes.worker).
+    #[arg(long, env = "NIGHTSHIFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Namespace of Batches, Projects and Jobs; overrides `kubernetes.namespace`.
+    #[arg(long, env = "NIGHTSHIFT_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's name in the leader Lease (the pod's name on Kubernetes).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let namespace = namespace(args.namespace.as_deref(), &config);
+    let identity = args.identity.clone().unwrap_or_else(|| format!("nightshift-controller-{}", ulid::Ulid::new()));
+    let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
+    check_crds(&client, &namespace).await?;
+
+    let leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity);
+    tracing::info!(%identity, "waiting to lead");
+    leader.acquire().await;
+    tracing::info!(%identity, "leading");
+    println!("Nightshift controller leading in namespace {namespace}");
+
+    let store = open_store(&config.storage).await?;
+    let files = FileCatalog::new(store.clone(), config.files.retention);
+    let settings = ExecSettings {
+        checkpoint_interval: config.batches.checkpoint_interval,
+        cancel_grace: config.batches.cancel_grace,
+    };
+    // The controller drains and finalizes; it never calls upstreams (workers do).
+    let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
+    let jobs =
+        cache(Api::namespaced(client.clone(), &namespace), watcher::Config::default().labels(BATCH_LABEL)).await?;
+    let projects =
+        cache(Api::<ProjectResource>::namespaced(client.clone(), &namespace), watcher::Config::default()).await?;
+    let batches =
+        cache(Api::<BatchResource>::namespaced(client.clone(), &namespace), watcher::Config::default()).await?;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        namespace,
+        exec: Arc::new(exec),
+        worker: config.kubernetes.worker.clone(),
+        recorder: Recorder::new(client, reporter(&identity)),
+        jobs,
+        projects,
+    });
+    tokio::select! {
+        () = controller::run(ctx.clone()) => Ok(()),
+        () = sync_project_usage(ctx, batches) => Ok(()),
+        () = leader.hold() => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
+    }
+}

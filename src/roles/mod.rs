@@ -1,0 +1,52 @@
+//! The roles of the one binary (`nightshift <role>`), each a thin assembly of the
+//! library's parts: `serve` (everything in one process), `api`, `controller` and
+//! `worker` (Kubernetes).
+
+pub mod api;
+pub mod controller;
+pub mod serve;
+pub mod worker;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::config::StorageConfig;
+use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store};
+
+/// The object store the configuration names.
+pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    if let Some(s3) = &config.s3 {
+        let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
+        return Ok(Arc::new(S3Store::new(S3Settings {
+            bucket: s3.bucket.clone(),
+            endpoint: s3.endpoint.clone(),
+            region: s3.region.clone(),
+            prefix: s3.prefix.clone(),
+            path_style: s3.path_style,
+            access_key_id: env(&s3.access_key_id_env)?,
+            secret_access_key: env(&s3.secret_access_key_env)?,
+            session_token: std::env::var("AWS_SESSION_TOKEN").ok(),
+        })));
+    }
+    let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;
+    let store = DirStore::open(dir).await.with_context(|| format!("cannot use {} for storage", dir.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler can be installed");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,104 @@
+//! `nightshift worker`: runs one shard of one batch, the entrypoint of a Kubernetes
+//! Job's pod. Everything it needs comes in its arguments and the configuration
+//! (storage, upstreams); progress goes to storage as checkpoints, so the pod needs
+//! no Kubernetes credentials, and a retried pod resumes where the last one stopped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{open_store, shutdown_signal};
+use crate::batches::BatchSpec;
+use crate::config::Config;
+use crate::exec::upstream::Upstreams;
+use crate::exec::worker::{ShardExit, run_shard};
+use crate::exec::{ExecContext, ExecSettings};
+use crate::files::FileCatalog;
+use crate::ids::{BatchId, FileId, ProjectId};
+use crate::quota::QuotaLedger;
+use crate::validate::{Shard, ShardPlan};
+
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// YAML configuration file: storage and upstreams.
+    #[arg(long, env = "NIGHTSHIFT_CONFIG")]
+    pub config: PathBuf,
+    #[arg(long)]
+    pub batch_id: String,
+    #[arg(long)]
+    pub project_id: String,
+    #[arg(long)]
+    pub input_file_id: String,
+    /// Unix time at which the batch expires: dispatch stops then.
+    #[arg(long)]
+    pub expires_at: i64,
+    #[arg(long)]
+    pub shard_index: u32,
+    /// 0-based position of the shard's first request in the input.
+    #[arg(long)]
+    pub first_request: u64,
+    /// How many requests the shard holds.
+    #[arg(long)]
+    pub requests: u64,
+    /// The shard's byte range in the input file, `[byte_start, byte_end)`.
+    #[arg(long)]
+    pub byte_start: u64,
+    #[arg(long)]
+    pub byte_end: u64,
+    /// Tokens the project may still use, when it has a quota.
+    #[arg(long)]
+    pub quota_tokens_left: Option<u64>,
+}
+
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config)?;
+    let batch = BatchId::parse(&args.batch_id).context("--batch-id is not a batch id")?;
+    let project = ProjectId::parse(&args.project_id).context("--project-id is not a UUID")?;
+    let input = FileId::parse(&args.input_file_id).context("--input-file-id is not a file id")?;
+    let store = open_store(&config.storage).await?;
+    let files = FileCatalog::new(store.clone(), config.files.retention);
+    let upstreams = Upstreams::from_config(&config.upstreams).map_err(anyhow::Error::msg)?;
+    let quota = Arc::new(QuotaLedger::single(&project, args.quota_tokens_left));
+    let settings = ExecSettings {
+        checkpoint_interval: config.batches.checkpoint_interval,
+        cancel_grace: config.batches.cancel_grace,
+    };
+    let exec = ExecContext::new(store, files, upstreams, quota, settings);
+
+    let spec = BatchSpec {
+        id: batch,
+        project_id: project,
+        input_file_id: input,
+        endpoint: String::new(),
+        completion_window: String::new(),
+        metadata: Default::default(),
+        created_at: 0,
+        expires_at: args.expires_at,
+        plan: ShardPlan::default(),
+    };
+    let shard = Shard {
+        index: args.shard_index,
+        first_request: args.first_request,
+        requests: args.requests,
+        byte_start: args.byte_start,
+        byte_end: args.byte_end,
+    };
+    // Kubernetes stops a pod with SIGTERM (a cancelled batch's Jobs are deleted):
+    // stop dispatching, let lines in flight finish, commit, exit.
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
+    });
+    let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await?;
+    tracing::info!(batch = %spec.id, shard = shard.index, done = ledger.recorded_count(), of = shard.requests, "worker starting");
+    match run_shard(&exec, &spec, &shard, &ledger, stop).await? {
+        ShardExit::Finished => tracing::info!(batch = %spec.id, shard = shard.index, "shard finished"),
+        ShardExit::Stopped => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped before its end"),
+    }
+    Ok(())
+}
