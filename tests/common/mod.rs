@@ -181,7 +181,7 @@ impl TestApp {
         let state = AppState {
             quota,
             wake: Default::default(),
-            projects: Arc::new(projects),
+            projects: Arc::new(nightshift::auth::ProjectDirectory::new(projects)),
             files: files.clone(),
             batches: batches.clone(),
             batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
