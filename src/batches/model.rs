@@ -114,6 +114,7 @@ pub struct BatchState {
     /// Set once the batch ran out of time, before its lines are drained: the
     /// ending that finalize will give it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::k8s::schema::optional_ending")]
     pub ending: Option<Ending>,
     /// Ids chosen for the output and error files before finalize writes them, so a
     /// finalize that is interrupted and run again rewrites the same files.

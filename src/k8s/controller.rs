@@ -48,6 +48,9 @@ pub enum ControllerError {
     Storage(#[from] crate::storage::StorageError),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// Not an error: a step waits for something to finish (Jobs to go away).
+    #[error("waiting: {0}")]
+    Waiting(&'static str),
 }
 
 pub struct Context {
@@ -133,8 +136,13 @@ async fn reconcile(batch: Arc<BatchResource>, ctx: Arc<Context>) -> Result<Actio
     })
 }
 
-/// Transient failures (the API server, storage) are retried with a pause.
+/// Transient failures (the API server, storage) are retried with a pause; a step
+/// that waits is looked at again soon.
 fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Context>) -> Action {
+    if let ControllerError::Waiting(what) = error {
+        tracing::debug!(batch = %batch.name_any(), what, "waiting");
+        return Action::requeue(Duration::from_secs(1));
+    }
     tracing::warn!(batch = %batch.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
@@ -305,9 +313,29 @@ fn quota_left(ctx: &Context, batch: &Batch) -> Option<u64> {
     Some(quota.saturating_sub(used))
 }
 
-/// The Batch is being deleted: its Jobs go with it (owner references); its shard
-/// data in object storage goes here.
+/// The Batch is being deleted: its Jobs go first (their pods stop), then, once a
+/// stopped worker has had its grace period to commit, the shard data in object
+/// storage. Files the batch produced stay: they are the user's, under the Files API.
 async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    let name = resource.name_any();
+    let jobs: Vec<Arc<Job>> =
+        ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
+    if !jobs.is_empty() {
+        let params =
+            DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
+        for job in &jobs {
+            match ctx.jobs_api().delete(&job.name_any(), &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        return Err(ControllerError::Waiting("the batch's Jobs to go"));
+    }
+    let deleted_at = resource.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or_else(clock::now);
+    if clock::now() - deleted_at < ctx.exec.settings.cancel_grace.as_secs() as i64 {
+        return Err(ControllerError::Waiting("stopped workers to commit"));
+    }
     let prefix = format!("batches/{}/", resource.spec.batch.id);
     let store = ctx.exec.store.as_ref();
     for key in store.list(&prefix).await.map_err(ExecError::from)? {

@@ -8,14 +8,12 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{Api, ObjectMeta, PostParams};
 use lease_time::now_micro_time;
 
-const LEASE_SECONDS: i32 = 15;
-const RENEW_EVERY: Duration = Duration::from_secs(5);
-const RETRY_EVERY: Duration = Duration::from_secs(2);
-
 pub struct LeaderElection {
     api: Api<Lease>,
     name: String,
     identity: String,
+    /// A holder that has not renewed for this long has lost the lease.
+    lease_seconds: i32,
 }
 
 /// Lease times: MicroTime, over the timestamp type that k8s-openapi uses.
@@ -33,8 +31,18 @@ mod lease_time {
 }
 
 impl LeaderElection {
-    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str) -> Self {
-        Self { api: Api::namespaced(client, namespace), name: name.to_owned(), identity: identity.to_owned() }
+    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str, lease_seconds: i32) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            lease_seconds: lease_seconds.max(1),
+        }
+    }
+
+    /// Renew at a third of the lease, so that two missed renewals still hold it.
+    fn renew_every(&self) -> Duration {
+        Duration::from_millis(self.lease_seconds as u64 * 1000 / 3)
     }
 
     /// Tries once to take or renew the lease; true when we hold it after.
@@ -53,7 +61,7 @@ impl LeaderElection {
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.as_deref();
         let expired = spec.renew_time.as_ref().is_none_or(|renewed| {
-            lease_time::seconds_since(renewed) > f64::from(spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS))
+            lease_time::seconds_since(renewed) > f64::from(spec.lease_duration_seconds.unwrap_or(self.lease_seconds))
         });
         if holder != Some(self.identity.as_str()) && !expired {
             return Ok(false);
@@ -71,7 +79,7 @@ impl LeaderElection {
     fn spec(&self, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(LEASE_SECONDS),
+            lease_duration_seconds: Some(self.lease_seconds),
             acquire_time: Some(now_micro_time()),
             renew_time: Some(now_micro_time()),
             lease_transitions: Some(transitions),
@@ -87,14 +95,14 @@ impl LeaderElection {
                 Ok(false) => {}
                 Err(error) => tracing::warn!(%error, "leader election failed; retrying"),
             }
-            tokio::time::sleep(RETRY_EVERY).await;
+            tokio::time::sleep(self.renew_every()).await;
         }
     }
 
     /// Renews the lease until it is lost; returns then.
     pub async fn hold(&self) {
         loop {
-            tokio::time::sleep(RENEW_EVERY).await;
+            tokio::time::sleep(self.renew_every()).await;
             match self.try_acquire().await {
                 Ok(true) => {}
                 Ok(false) => return,

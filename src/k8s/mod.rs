@@ -6,5 +6,6 @@ pub mod crd;
 pub mod jobs;
 pub mod leader;
 pub mod projects;
+pub mod rbac;
 pub mod schema;
 pub mod store;

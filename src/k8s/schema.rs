@@ -10,3 +10,12 @@ pub fn any_object(_: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-preserve-unknown-fields": true,
     })
 }
+
+/// An optional string enum: Kubernetes wants `nullable`, not `null` among the values.
+pub fn optional_ending(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": ["completed", "cancelled", "expired"],
+        "nullable": true,
+    })
+}

@@ -34,6 +34,9 @@ pub struct ControllerArgs {
     /// This replica's name in the leader Lease (the pod's name on Kubernetes).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Seconds without renewal after which another replica may take the lead.
+    #[arg(long, env = "NIGHTSHIFT_LEASE_SECONDS", default_value_t = 15)]
+    pub lease_seconds: i32,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -46,7 +49,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
     check_crds(&client, &namespace).await?;
 
-    let leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity);
+    let leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity, args.lease_seconds);
     tracing::info!(%identity, "waiting to lead");
     leader.acquire().await;
     tracing::info!(%identity, "leading");

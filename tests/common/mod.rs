@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod cluster;
 pub mod multipart;
 pub mod serve;
 pub mod tools;

@@ -5,7 +5,7 @@
 #   * etcd                     - Debian package `etcd-server` (3.4.x)
 #   * kube-apiserver           - built from Debian's own `kubernetes` source package
 #   * kube-controller-manager  - built from the same source package
-#   * kubectl                  - must already be on PATH (checked, not installed)
+#   * kubectl                  - the one on PATH, else Debian's kubernetes-client
 #
 # Built binaries are cached under ${NIGHTSHIFT_CACHE:-$HOME/.cache/nightshift}/kube/bin.
 # The script is idempotent: with the cache present it only checks and prints the
@@ -251,14 +251,18 @@ main() {
     log "kube-apiserver: $("$BIN_DIR/kube-apiserver" --version 2>&1 | head -n1)"
     log "kube-controller-manager: $("$BIN_DIR/kube-controller-manager" --version 2>&1 | head -n1)"
 
-    # 3. kubectl: only checked.
+    # 3. kubectl: the one on PATH, else Debian's kubernetes-client (the same 1.20).
     local kubectl_bin
     kubectl_bin="$(command -v kubectl || true)"
+    if [ -z "$kubectl_bin" ]; then
+        log "kubectl not found on PATH; installing Debian's kubernetes-client"
+        apt_install kubernetes-client
+        kubectl_bin="$(command -v kubectl || true)"
+    fi
     if [ -n "$kubectl_bin" ]; then
         log "kubectl: $kubectl_bin ($("$kubectl_bin" version --client 2>/dev/null | head -n1))"
     else
-        log "WARNING: kubectl not found on PATH; install one (any version within the supported skew of v1.20) for tests that need it"
-        kubectl_bin=""
+        log "WARNING: kubectl could not be installed; the operator tests need it"
     fi
 
     print_paths "$etcd_bin" "$kubectl_bin"

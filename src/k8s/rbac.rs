@@ -1,0 +1,39 @@
+//! The least privilege each role needs, in one place: the Helm chart's Roles and the
+//! operator tests' Roles are both made from these rules. Workers need none at all.
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+/// `nightshift api`: creates Batches and writes their first status and cancels;
+/// reads Projects and the Secrets holding their key hashes.
+pub fn api_rules() -> Vec<PolicyRule> {
+    vec![
+        rule("nightshift.dev", &["batches"], &["get", "list", "watch", "create"]),
+        rule("nightshift.dev", &["batches/status"], &["get", "update"]),
+        rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),
+        rule("", &["secrets"], &["get", "list", "watch"]),
+    ]
+}
+
+/// `nightshift controller`: drives Batches (status, finalizer), owns their Jobs,
+/// keeps Projects' usage, holds its Lease, and records Events.
+pub fn controller_rules() -> Vec<PolicyRule> {
+    vec![
+        rule("nightshift.dev", &["batches"], &["get", "list", "watch", "patch", "update"]),
+        rule("nightshift.dev", &["batches/status"], &["get", "patch", "update"]),
+        rule("nightshift.dev", &["batches/finalizers"], &["update"]),
+        rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),
+        rule("nightshift.dev", &["projects/status"], &["get", "patch", "update"]),
+        rule("batch", &["jobs"], &["get", "list", "watch", "create", "delete"]),
+        rule("coordination.k8s.io", &["leases"], &["get", "create", "update"]),
+        rule("events.k8s.io", &["events"], &["create", "patch"]),
+    ]
+}

@@ -1,0 +1,46 @@
+"""A user's batch on Kubernetes: the official OpenAI SDK against `nightshift api`
+(run by tests/operator.rs). Prints one JSON summary line for the test to check."""
+
+import json
+import os
+import sys
+import time
+
+from openai import OpenAI
+
+api_key = os.environ["NIGHTSHIFT_API_KEY"]
+client = OpenAI(
+    base_url=os.environ["NIGHTSHIFT_URL"] + "/v1",
+    api_key=api_key,
+    default_headers={"x-api-key": api_key, "x-project-id": os.environ["NIGHTSHIFT_PROJECT_ID"]},
+    max_retries=0,
+)
+lines = int(os.environ.get("LINES", "20"))
+model = os.environ.get("MODEL", "mock-a")
+payload = "".join(
+    json.dumps({"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": f"line-{n}"}]}}) + "\n"
+    for n in range(lines)
+).encode()
+uploaded = client.files.create(file=("input.jsonl", payload), purpose="batch")
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+print(json.dumps({"event": "created", "id": batch.id, "status": batch.status}), flush=True)
+if os.environ.get("CREATE_ONLY"):
+    sys.exit(0)
+
+deadline = time.time() + float(os.environ.get("TIMEOUT", "120"))
+while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    assert time.time() < deadline, f"batch still {batch.status}: {batch}"
+    time.sleep(0.2)
+    batch = client.batches.retrieve(batch.id)
+
+output = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
+errors = client.files.content(batch.error_file_id).text if batch.error_file_id else ""
+print(json.dumps({
+    "event": "finished",
+    "id": batch.id,
+    "status": batch.status,
+    "counts": batch.request_counts.model_dump(),
+    "output": [json.loads(line) for line in output.splitlines()],
+    "errors": [json.loads(line) for line in errors.splitlines()],
+}), flush=True)

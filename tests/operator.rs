@@ -1,0 +1,437 @@
+//! The operator on a real Kubernetes API server (kube-apiserver, etcd and
+//! kube-controller-manager on 127.0.0.1, a stand-in kubelet that runs each Pod's
+//! command locally), with a real S3 server and the official OpenAI SDK:
+//! SDK → `nightshift api` → Batch → controller → Jobs → Pods → finalize → output.
+//! The api and the controller run with ServiceAccount tokens bound only to their own Roles.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::TestS3;
+use common::cluster::{Kubelet, TestCluster, eventually};
+use common::upstream::MockUpstream;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::core::CustomResourceExt;
+use nightshift::k8s::crd::{BATCH_LABEL, BatchResource, ProjectResource};
+use nightshift::k8s::rbac;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const NS: &str = "nightshift";
+const IMAGE: &str = "nightshift:test";
+
+/// A child process that is killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `nightshift <args>` and waits for a stdout line containing `marker`.
+// A start that times out panics the test, whose exit ends the child.
+#[allow(clippy::zombie_processes)]
+fn spawn(args: &[&str], env: &[(&str, String)], marker: &str, log: &Path) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.clone())))
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    loop {
+        let line = received.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("nightshift {args:?} printed no {marker:?}: {}", std::fs::read_to_string(log).unwrap_or_default())
+        });
+        if line.contains(marker) {
+            return (Process(child), line);
+        }
+    }
+}
+
+struct Operator {
+    cluster: TestCluster,
+    _s3: TestS3,
+    upstream: MockUpstream,
+    kubelet: Kubelet,
+    dir: TempDir,
+    config: PathBuf,
+    env: Vec<(&'static str, String)>,
+    api_url: String,
+    _api: Process,
+    controller: Option<Process>,
+    controller_kubeconfig: PathBuf,
+    api_token: String,
+    controller_token: String,
+}
+
+async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>) -> String {
+    let client = cluster.client().await;
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(NS.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .create(&pp, &ServiceAccount { metadata: meta(name), ..Default::default() })
+        .await
+        .unwrap();
+    Api::<Role>::namespaced(client.clone(), NS)
+        .create(&pp, &Role { metadata: meta(name), rules: Some(rules) })
+        .await
+        .unwrap();
+    let binding = RoleBinding {
+        metadata: meta(name),
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.into() },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client, NS).create(&pp, &binding).await.unwrap();
+    cluster.service_account_token(NS, name).await
+}
+
+impl Operator {
+    async fn start(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
+        let cluster = TestCluster::start().await;
+        cluster.create_namespace(NS).await;
+        let client = cluster.client().await;
+
+        // The CRDs, as `kubectl apply -f crds/` would install them.
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        kubectl(&cluster, &["create", "-f", concat!(env!("CARGO_MANIFEST_DIR"), "/crds/nightshift.yaml")]);
+        for crd in [BatchResource::crd(), ProjectResource::crd()] {
+            let name = crd.metadata.name.clone().unwrap();
+            eventually(&format!("CRD {name} established"), 30, || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let crd = crds.get(&name).await.ok()?;
+                    let conditions = crd.status?.conditions?;
+                    conditions.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+                }
+            })
+            .await;
+        }
+
+        // A project whose key is held as a SHA-256 hash in a Secret.
+        let secret = Secret {
+            metadata: ObjectMeta { name: Some("demo-key".into()), ..ObjectMeta::default() },
+            string_data: Some([("sha256".to_owned(), hex::encode(nightshift::auth::sha256(common::KEY)))].into()),
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), NS).create(&PostParams::default(), &secret).await.unwrap();
+        let project: ProjectResource = serde_json::from_value(json!({
+            "apiVersion": "nightshift.dev/v1alpha1", "kind": "Project",
+            "metadata": {"name": "demo"},
+            "spec": {"id": common::PROJECT, "api_keys": [{"secret_name": "demo-key"}]},
+        }))
+        .unwrap();
+        Api::<ProjectResource>::namespaced(client.clone(), NS).create(&PostParams::default(), &project).await.unwrap();
+
+        let api_token = bind_role(&cluster, "nightshift-api", rbac::api_rules()).await;
+        let controller_token = bind_role(&cluster, "nightshift-controller", rbac::controller_rules()).await;
+        let dir = TempDir::new().unwrap();
+        std::fs::create_dir(dir.path().join("api")).unwrap();
+        std::fs::create_dir(dir.path().join("controller")).unwrap();
+        let api_kubeconfig = cluster.kubeconfig_for_token(&api_token, &dir.path().join("api"));
+        let controller_kubeconfig = cluster.kubeconfig_for_token(&controller_token, &dir.path().join("controller"));
+
+        let s3 = TestS3::start();
+        let upstream = MockUpstream::start().await;
+        upstream.delay(upstream_delay);
+        let config = dir.path().join("nightshift.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "storage:\n  s3: {{bucket: {bucket}, endpoint: \"{endpoint}\", path_style: true}}\n\
+                 upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n\
+                 batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n\
+                 kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{IMAGE}\"\n    config_path: {config}\n    backoff_limit: 3\n    env:\n\
+                 \x20     - {{name: AWS_ACCESS_KEY_ID, value: {ak}}}\n      - {{name: AWS_SECRET_ACCESS_KEY, value: {sk}}}\n      - {{name: RUST_LOG, value: info}}\n",
+                bucket = s3.bucket,
+                endpoint = s3.endpoint,
+                upstream = upstream.base_url,
+                config = dir.path().join("nightshift.yaml").display(),
+                ak = common::S3_ACCESS_KEY,
+                sk = common::S3_SECRET_KEY,
+            ),
+        )
+        .unwrap();
+        let env = vec![
+            ("AWS_ACCESS_KEY_ID", common::S3_ACCESS_KEY.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", common::S3_SECRET_KEY.to_owned()),
+        ];
+        let kubelet = Kubelet::start(
+            client,
+            NS,
+            HashMap::from([(IMAGE.to_owned(), PathBuf::from(env!("CARGO_BIN_EXE_nightshift")))]),
+        )
+        .await;
+
+        let mut api_env = env.clone();
+        api_env.push(("KUBECONFIG", api_kubeconfig.display().to_string()));
+        let config_arg = config.display().to_string();
+        let (api, line) = spawn(
+            &["api", "--config", &config_arg, "--listen", "127.0.0.1:0", "--namespace", NS],
+            &api_env,
+            "listening on",
+            &dir.path().join("api.log"),
+        );
+        let api_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
+        let mut operator = Self {
+            cluster,
+            _s3: s3,
+            upstream,
+            kubelet,
+            config,
+            env,
+            api_url,
+            _api: api,
+            controller: None,
+            controller_kubeconfig,
+            api_token,
+            controller_token,
+            dir,
+        };
+        operator.controller = Some(operator.start_controller("controller-1"));
+        operator
+    }
+
+    fn start_controller(&self, identity: &str) -> Process {
+        let mut env = self.env.clone();
+        env.push(("KUBECONFIG", self.controller_kubeconfig.display().to_string()));
+        let config = self.config.display().to_string();
+        let log = self.dir.path().join(format!("{identity}.log"));
+        spawn(
+            &["controller", "--config", &config, "--namespace", NS, "--identity", identity, "--lease-seconds", "3"],
+            &env,
+            "leading",
+            &log,
+        )
+        .0
+    }
+
+    /// Runs tests/e2e/operator_sdk.py with `env`; returns its JSON lines.
+    fn sdk(&self, env: &[(&str, &str)]) -> Vec<Value> {
+        let output = Command::new(common::tools::python())
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
+            .env("NIGHTSHIFT_URL", &self.api_url)
+            .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
+            .env("NIGHTSHIFT_API_KEY", common::KEY)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "the SDK script failed:\n{stdout}\n{}\napi log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(self.dir.path().join("api.log")).unwrap_or_default()
+        );
+        stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    }
+
+    async fn jobs(&self) -> Vec<Job> {
+        let api: Api<Job> = Api::namespaced(self.cluster.client().await, NS);
+        api.list(&ListParams::default().labels(BATCH_LABEL)).await.unwrap().items
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        kubectl(&self.cluster, args)
+    }
+}
+
+fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let output = Command::new(kubectl).arg("--kubeconfig").arg(cluster.kubeconfig_path()).args(args).output().unwrap();
+    assert!(output.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn check_results(finished: &Value, lines: usize) {
+    assert_eq!(finished["status"], "completed", "{finished}");
+    let output = finished["output"].as_array().unwrap();
+    let ids: HashSet<&str> = output.iter().map(|r| r["custom_id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), lines, "every line once in the output");
+    assert_eq!(output.len(), lines, "no duplicate records");
+    assert_eq!(finished["counts"], json!({"total": lines, "completed": lines, "failed": 0}));
+    for record in output {
+        assert_eq!(
+            record["response"]["body"]["choices"][0]["message"]["content"],
+            format!("answer to {}", record["custom_id"].as_str().unwrap())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
+    let operator = Operator::start(7, Duration::ZERO, 8).await;
+    let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "20")]));
+    let finished = results.last().unwrap();
+    check_results(finished, 20);
+
+    // One Job per shard (20 lines at 7 a shard), owned by the Batch, without credentials.
+    let jobs = operator.jobs().await;
+    assert_eq!(jobs.len(), 3, "{:?}", jobs.iter().map(|j| j.metadata.name.clone()).collect::<Vec<_>>());
+    for job in &jobs {
+        assert_eq!(job.status.as_ref().and_then(|s| s.succeeded), Some(1));
+        let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "Batch");
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+    }
+
+    // `kubectl get batches` shows status, counts and age.
+    let table = operator.kubectl(&["get", "batches", "-n", NS]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "STATUS", "COMPLETED", "FAILED", "TOTAL", "AGE"], "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[1..5], ["completed", "20", "0", "20"], "{table}");
+    let short = operator.kubectl(&["get", "nsb", "-n", NS, "-o", "name"]);
+    assert!(short.starts_with("batch.nightshift.dev/batch-"), "{short}");
+    let events = operator.kubectl(&["get", "events", "-n", NS]);
+    assert!(events.contains("Finished"), "{events}");
+
+    // Least privilege: each role is refused what it does not need.
+    let api_client = operator.cluster.client_for_token(&operator.api_token).await;
+    let job = jobs[0].clone();
+    let forbidden = Api::<Job>::namespaced(api_client, NS).create(&PostParams::default(), &job).await.unwrap_err();
+    assert!(matches!(forbidden, kube::Error::Api(ref s) if s.code == 403), "{forbidden}");
+    let controller_client = operator.cluster.client_for_token(&operator.controller_token).await;
+    let forbidden = Api::<Secret>::namespaced(controller_client, NS).list(&ListParams::default()).await.unwrap_err();
+    assert!(matches!(forbidden, kube::Error::Api(ref s) if s.code == 403), "{forbidden}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
+    let operator = Operator::start(100, Duration::from_millis(100), 2).await;
+    let upstream = &operator.upstream;
+    let sdk = {
+        tokio::task::spawn_blocking({
+            let python = common::tools::python();
+            let url = operator.api_url.clone();
+            move || {
+                Command::new(python)
+                    .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
+                    .env("NIGHTSHIFT_URL", url)
+                    .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
+                    .env("NIGHTSHIFT_API_KEY", common::KEY)
+                    .env("LINES", "40")
+                    .output()
+                    .unwrap()
+            }
+        })
+    };
+    let pod = eventually("a worker pod with lines done", 60, || {
+        let pods = operator.kubelet.running_pods();
+        let calls = upstream.total_calls();
+        async move { (calls >= 8).then(|| pods.first().cloned()).flatten() }
+    })
+    .await;
+    operator.kubelet.kill_pod_process(&pod);
+    let output = sdk.await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let finished: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    check_results(&finished, 40);
+    let resent = upstream.all_calls().values().filter(|&&calls| calls > 1).count();
+    assert!(resent <= 6, "{resent} lines were sent again; only those in flight or not yet checkpointed may be");
+    let job = &operator.jobs().await[0];
+    assert_eq!(job.status.as_ref().and_then(|s| s.failed), Some(1), "the killed pod counts as a failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_restarted_mid_batch_loses_nothing_and_a_standby_takes_over() {
+    let mut operator = Operator::start(10, Duration::from_millis(50), 2).await;
+    let standby = std::thread::spawn({
+        let mut env = operator.env.clone();
+        env.push(("KUBECONFIG", operator.controller_kubeconfig.display().to_string()));
+        let config = operator.config.display().to_string();
+        let log = operator.dir.path().join("controller-2.log");
+        move || {
+            spawn(
+                &[
+                    "controller",
+                    "--config",
+                    &config,
+                    "--namespace",
+                    NS,
+                    "--identity",
+                    "controller-2",
+                    "--lease-seconds",
+                    "3",
+                ],
+                &env,
+                "leading",
+                &log,
+            )
+            .0
+        }
+    });
+    let created = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40"), ("CREATE_ONLY", "1")]));
+    let id = created[0]["id"].as_str().unwrap().to_owned();
+    eventually("lines done", 60, || {
+        let calls = operator.upstream.total_calls();
+        async move { (calls >= 10).then_some(()) }
+    })
+    .await;
+    assert!(!standby.is_finished(), "only one controller leads at a time");
+    drop(operator.controller.take());
+    let _standby = tokio::task::spawn_blocking(move || standby.join().unwrap()).await.unwrap();
+
+    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
+    let custom_ids: Vec<String> = (0..40).map(|n| format!("line-{n}")).collect();
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.output.len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_batch_removes_its_jobs_and_its_shard_data() {
+    let operator = Operator::start(5, Duration::from_millis(200), 1).await;
+    let created = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "20"), ("CREATE_ONLY", "1")]));
+    let id = created[0]["id"].as_str().unwrap().to_owned();
+    eventually("the batch's Jobs", 60, || async { (operator.jobs().await.len() == 4).then_some(()) }).await;
+    eventually("some lines done", 60, || {
+        let calls = operator.upstream.total_calls();
+        async move { (calls >= 2).then_some(()) }
+    })
+    .await;
+    let batches: Api<BatchResource> = Api::namespaced(operator.cluster.client().await, NS);
+    let name = id.to_ascii_lowercase().replace('_', "-");
+    batches.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually("the Batch gone", 60, || {
+        let batches = batches.clone();
+        let name = name.clone();
+        async move { batches.get_opt(&name).await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    eventually("its Jobs garbage-collected", 60, || async { operator.jobs().await.is_empty().then_some(()) }).await;
+    let store = operator._s3.store();
+    let left = store.list(&format!("batches/{id}/")).await.unwrap();
+    assert!(left.is_empty(), "the finalizer removed the shard data: {left:?}");
+}
