@@ -19,6 +19,7 @@ pub mod exec;
 pub mod files;
 pub mod ids;
 pub mod k8s;
+pub mod metrics;
 pub mod quota;
 pub mod reconcile;
 pub mod roles;

@@ -72,6 +72,8 @@ impl Runner {
 
     /// One pass over every unfinished batch, oldest first (ids sort by creation).
     pub async fn tick(&self) {
+        let (statuses, queue_depth) = self.batches.status_summary().await;
+        crate::metrics::METRICS.set_batches(statuses.into_iter(), queue_depth);
         let mut batches = self.batches.unfinished().await;
         batches.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         for batch in batches {

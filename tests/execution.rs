@@ -175,6 +175,20 @@ async fn concurrency_per_upstream_is_bounded_and_counts_are_live() {
     client.results(&batch, &custom_ids).await;
     assert!(upstream.max_in_flight() <= 3, "{} requests were in flight at once", upstream.max_in_flight());
     assert_eq!(upstream.total_calls(), 60, "each line sent exactly once");
+
+    // The metrics that the README documents, as Prometheus scrapes them.
+    let metrics = reqwest::get(format!("{}/metrics", client.url)).await.unwrap().text().await.unwrap();
+    let batches = client.wait(&id, MINUTE, |b| b["status"] == "completed").await;
+    assert_eq!(batches["status"], "completed");
+    for expected in [
+        "nightshift_lines_total{outcome=\"completed\",code=\"\"} 60",
+        "nightshift_upstream_request_duration_seconds_count{upstream=\"mock\"} 60",
+        "nightshift_http_requests_total{method=\"POST\",route=\"/v1/batches\",status=\"200\"} 1",
+        "nightshift_queue_depth",
+        "nightshift_batches{status=\"in_progress\"}",
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing from:\n{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -227,7 +227,19 @@ impl Operator {
         let config = self.config.display().to_string();
         let log = self.dir.path().join(format!("{identity}.log"));
         spawn(
-            &["controller", "--config", &config, "--namespace", NS, "--identity", identity, "--lease-seconds", "3"],
+            &[
+                "controller",
+                "--config",
+                &config,
+                "--namespace",
+                NS,
+                "--identity",
+                identity,
+                "--lease-seconds",
+                "3",
+                "--probe-listen",
+                "127.0.0.1:0",
+            ],
             &env,
             "leading",
             &log,

@@ -15,6 +15,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use crate::auth::{API_KEY_HEADER, PROJECT_HEADER, Project};
 use crate::ids::RequestId;
+use crate::metrics::{HttpLabels, METRICS};
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -23,6 +24,11 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 pub async fn request_id(request: Request, next: Next) -> Response {
     let id = RequestId::generate();
     let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
     let span = tracing::info_span!(
         "request",
         request_id = %id,
@@ -48,6 +54,8 @@ pub async fn request_id(request: Request, next: Next) -> Response {
     if let Ok(value) = HeaderValue::from_str(id.as_str()) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
+    let labels = HttpLabels { method, route, status: response.status().as_u16() };
+    METRICS.http_requests.get_or_create(&labels).inc();
     response
 }
 

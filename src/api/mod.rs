@@ -34,6 +34,13 @@ pub struct AppState {
     pub wake: Arc<Notify>,
 }
 
+async fn metrics() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        crate::metrics::METRICS.encode(),
+    )
+}
+
 /// The whole API. Layers run outside in: request id and logging, CORS, then routing;
 /// authentication wraps only the matched routes, so unknown URLs answer 404 as such.
 pub fn router(state: AppState) -> Router {
@@ -44,6 +51,7 @@ pub fn router(state: AppState) -> Router {
         // Probes: no credentials, no dependencies checked beyond the process answering.
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(|| async { "ok" }))
+        .route("/metrics", axum::routing::get(metrics))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)

@@ -56,6 +56,21 @@ impl EmbeddedBatchStore {
             .collect()
     }
 
+    /// Every batch's status, and how many lines of unfinished batches have no record.
+    pub async fn status_summary(&self) -> (Vec<super::Status>, u64) {
+        let batches = self.batches.read().await;
+        let all = batches.values().flat_map(|b| b.values());
+        let statuses = all.clone().map(|b| b.state.status).collect();
+        let queue = all
+            .filter(|b| !b.state.status.is_terminal())
+            .map(|b| {
+                let counts = b.state.request_counts;
+                counts.total.saturating_sub(counts.completed + counts.failed)
+            })
+            .sum();
+        (statuses, queue)
+    }
+
     /// Every batch of every project that is not terminal yet.
     pub async fn unfinished(&self) -> Vec<Batch> {
         let batches = self.batches.read().await;

@@ -11,6 +11,7 @@ use super::backoff::{Backoff, parse_retry_after};
 use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
 use super::upstream::Upstream;
 use crate::batches::Usage;
+use crate::metrics::METRICS;
 
 /// What became of a line.
 #[derive(Debug)]
@@ -79,7 +80,13 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: 
             request = request.bearer_auth(key);
         }
         let mut retry_after = None;
-        match request.send().await {
+        if attempt > 1 {
+            METRICS.upstream_retry(&upstream.name);
+        }
+        let started = std::time::Instant::now();
+        let sent = request.send().await;
+        METRICS.upstream_attempt(&upstream.name, started.elapsed());
+        match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
                 let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);

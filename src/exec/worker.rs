@@ -21,6 +21,7 @@ use super::upstream::Route;
 use super::{ExecContext, ExecError};
 use crate::batches::BatchSpec;
 use crate::clock;
+use crate::metrics::METRICS;
 use crate::validate::Shard;
 
 /// Commit at the latest when this many records, or this many bytes of them, wait,
@@ -243,10 +244,12 @@ fn record(
     let id = line_id(&spec.id, shard.first_request + u64::from(index));
     match outcome {
         LineOutcome::Success { status, request_id, body, usage } => {
+            METRICS.line_completed();
             ctx.quota.charge(&spec.project_id, &spec.id, usage.total_tokens);
             writer.push_output(index, &output_line(&id, custom_id, status, request_id.as_deref(), &body), usage);
         }
         LineOutcome::Failure(failure) => {
+            METRICS.line_failed(failure.code.as_str());
             writer.push_error(index, &error_line(&id, custom_id, &failure));
         }
     }

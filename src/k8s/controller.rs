@@ -345,13 +345,21 @@ async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, Cont
     Ok(Action::await_change())
 }
 
-/// Keeps each Project's `status.used_tokens` equal to the usage of its Batches.
+/// Keeps each Project's `status.used_tokens` equal to the usage of its Batches, and
+/// the batch metrics current.
 pub async fn sync_project_usage(ctx: Arc<Context>, batches: Store<BatchResource>) {
     let api: Api<ProjectResource> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
     loop {
         ticker.tick().await;
         let all = batches.state();
+        let states: Vec<BatchState> = all.iter().filter_map(|b| b.status.clone()).collect();
+        let queue_depth = states
+            .iter()
+            .filter(|s| !s.status.is_terminal())
+            .map(|s| s.request_counts.total.saturating_sub(s.request_counts.completed + s.request_counts.failed))
+            .sum();
+        crate::metrics::METRICS.set_batches(states.iter().map(|s| s.status), queue_depth);
         for project in ctx.projects.state() {
             let used: u64 = all
                 .iter()

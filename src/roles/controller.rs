@@ -34,6 +34,9 @@ pub struct ControllerArgs {
     /// This replica's name in the leader Lease (the pod's name on Kubernetes).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    #[arg(long, env = "NIGHTSHIFT_PROBE_LISTEN", default_value = "0.0.0.0:9090")]
+    pub probe_listen: std::net::SocketAddr,
     /// Seconds without renewal after which another replica may take the lead.
     #[arg(long, env = "NIGHTSHIFT_LEASE_SECONDS", default_value_t = 15)]
     pub lease_seconds: i32,
@@ -48,6 +51,20 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(|| format!("nightshift-controller-{}", ulid::Ulid::new()));
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
     check_crds(&client, &namespace).await?;
+
+    // Probes answer from the start: a standby replica is healthy while it waits to lead.
+    let probes = tokio::net::TcpListener::bind(args.probe_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.probe_listen))?;
+    tokio::spawn(async move {
+        let router = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/readyz", axum::routing::get(|| async { "ok" }))
+            .route("/metrics", axum::routing::get(|| async { crate::metrics::METRICS.encode() }));
+        if let Err(error) = axum::serve(probes, router).await {
+            tracing::error!(%error, "the probe server stopped");
+        }
+    });
 
     let leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity, args.lease_seconds);
     tracing::info!(%identity, "waiting to lead");
