@@ -22,5 +22,10 @@ bench:
     python3 bench/run.py
     cargo bench --bench throughput
 
+# The controller at scale on a real kube-apiserver (run `just test` once first: it installs the tools).
+bench-operator:
+    cargo build --release
+    . ~/.cache/nightshift/kube/env.sh && cargo bench --bench operator
+
 build:
     cargo build --release

@@ -35,6 +35,8 @@ use crate::reconcile::{self as decisions, ShardProgress};
 pub const FIELD_MANAGER: &str = "nightshift-controller";
 /// Removes a Batch's shard data from object storage before the Batch goes.
 pub const FINALIZER: &str = "nightshift.dev/storage-cleanup";
+/// Batches reconciled at the same time.
+const RECONCILE_CONCURRENCY: u16 = 16;
 /// How often a running batch is looked at again: live counts come from checkpoints.
 const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
 
@@ -86,11 +88,57 @@ impl Context {
     }
 }
 
+/// Watch caches of the controller: Batches and their Jobs, shared by the reconciler
+/// and the loops beside it. The streams feed the caches as the controller polls them.
+pub struct Caches<B, J> {
+    pub batches: Store<BatchResource>,
+    pub jobs: Store<Job>,
+    batch_stream: B,
+    job_stream: J,
+}
+
+/// Managed fields are the bulk of an object the controller keeps (every field of the
+/// status, per manager) and it never reads them: dropped on the way in, they no
+/// longer weigh on a cache of thousands of Batches.
+fn without_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+pub fn caches(
+    client: &Client,
+    namespace: &str,
+) -> Caches<
+    impl futures_util::Stream<Item = Result<BatchResource, watcher::Error>> + Send + 'static,
+    impl futures_util::Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
+> {
+    let (batches, batch_writer) = reflector::store();
+    let batch_stream = watcher(Api::<BatchResource>::namespaced(client.clone(), namespace), watcher::Config::default())
+        .default_backoff()
+        .modify(without_managed_fields)
+        .reflect(batch_writer)
+        .applied_objects();
+    let (jobs, job_writer) = reflector::store();
+    let job_stream =
+        watcher(Api::<Job>::namespaced(client.clone(), namespace), watcher::Config::default().labels(BATCH_LABEL))
+            .default_backoff()
+            .modify(without_managed_fields)
+            .reflect(job_writer)
+            .touched_objects();
+    Caches { batches, jobs, batch_stream, job_stream }
+}
+
 /// Runs the controller until a shutdown signal.
-pub async fn run(ctx: Arc<Context>) {
-    let batches = ctx.batches();
-    Controller::new(batches, watcher::Config::default())
-        .owns(ctx.jobs_api(), watcher::Config::default().labels(BATCH_LABEL))
+pub async fn run<B, J>(ctx: Arc<Context>, caches: Caches<B, J>)
+where
+    B: futures_util::Stream<Item = Result<BatchResource, watcher::Error>> + Send + 'static,
+    J: futures_util::Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
+{
+    // Bounded concurrency: a restart over thousands of Batches reconciles them a few at
+    // a time instead of all at once (memory, and the API server's patience).
+    let config = kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY);
+    Controller::for_stream(caches.batch_stream, caches.batches)
+        .with_config(config)
+        .owns_stream(caches.job_stream)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -107,7 +155,8 @@ where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = watcher(api, config).default_backoff().reflect(writer).applied_objects();
+    let stream =
+        watcher(api, config).default_backoff().modify(without_managed_fields).reflect(writer).applied_objects();
     tokio::spawn(async move {
         futures_util::pin_mut!(stream);
         while let Some(event) = stream.next().await {
@@ -142,6 +191,11 @@ fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Co
     if let ControllerError::Waiting(what) = error {
         tracing::debug!(batch = %batch.name_any(), what, "waiting");
         return Action::requeue(Duration::from_secs(1));
+    }
+    if let ControllerError::Finalizer(_) = error {
+        // Most often our cache was behind the finalizer we added a moment ago.
+        tracing::debug!(batch = %batch.name_any(), %error, "finalizer patch refused; retrying");
+        return Action::requeue(Duration::from_millis(500));
     }
     tracing::warn!(batch = %batch.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))

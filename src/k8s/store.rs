@@ -94,11 +94,18 @@ impl BatchStore for KubeBatchStore {
             spec: BatchResourceSpec { batch: batch.spec.clone() },
             status: None,
         };
-        let mut created = self.api.create(&PostParams::default(), &resource).await.map_err(backend)?;
-        // The status subresource ignores status on create: write it next.
-        created.status = Some(batch.state.clone());
-        self.api.replace_status(&name, &PostParams::default(), &created).await.map_err(backend)?;
-        Ok(())
+        let mut current = self.api.create(&PostParams::default(), &resource).await.map_err(backend)?;
+        // The status subresource ignores status on create: write it next. The
+        // controller may add its finalizer in between (a conflict): it leaves a
+        // status-less Batch alone, so re-read and write again.
+        loop {
+            current.status = Some(batch.state.clone());
+            match self.api.replace_status(&name, &PostParams::default(), &current).await {
+                Ok(_) => return Ok(()),
+                Err(error) if is_conflict(&error) => current = self.api.get(&name).await.map_err(backend)?,
+                Err(error) => return Err(backend(error)),
+            }
+        }
     }
 
     async fn get(&self, project: &ProjectId, id: &BatchId) -> Result<Option<Batch>, StoreError> {

@@ -17,7 +17,7 @@ use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::controller::{self, Context, cache, check_crds, reporter, sync_project_usage};
-use crate::k8s::crd::{BATCH_LABEL, BatchResource, ProjectResource};
+use crate::k8s::crd::ProjectResource;
 use crate::k8s::leader::LeaderElection;
 use crate::quota::QuotaLedger;
 
@@ -80,12 +80,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     };
     // The controller drains and finalizes; it never calls upstreams (workers do).
     let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
-    let jobs =
-        cache(Api::namespaced(client.clone(), &namespace), watcher::Config::default().labels(BATCH_LABEL)).await?;
     let projects =
         cache(Api::<ProjectResource>::namespaced(client.clone(), &namespace), watcher::Config::default()).await?;
-    let batches =
-        cache(Api::<BatchResource>::namespaced(client.clone(), &namespace), watcher::Config::default()).await?;
+    let caches = controller::caches(&client, &namespace);
+    let (batches, jobs) = (caches.batches.clone(), caches.jobs.clone());
     let ctx = Arc::new(Context {
         client: client.clone(),
         namespace,
@@ -96,7 +94,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         projects,
     });
     tokio::select! {
-        () = controller::run(ctx.clone()) => Ok(()),
+        () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx, batches) => Ok(()),
         () = leader.hold() => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
     }

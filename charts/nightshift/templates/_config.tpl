@@ -1,0 +1,85 @@
+{{/*
+The Nightshift configuration file (see the README's configuration table), rendered from values.
+Its checksum rolls the api and controller pods when it changes.
+*/}}
+{{- define "nightshift.config" -}}
+listen: 0.0.0.0:8080
+storage:
+  s3:
+    bucket: {{ required "storage.s3.bucket is required" .Values.storage.s3.bucket | quote }}
+    {{- with .Values.storage.s3.endpoint }}
+    endpoint: {{ . | quote }}
+    {{- end }}
+    region: {{ .Values.storage.s3.region | quote }}
+    prefix: {{ .Values.storage.s3.prefix | quote }}
+    path_style: {{ .Values.storage.s3.pathStyle }}
+    access_key_id_env: AWS_ACCESS_KEY_ID
+    secret_access_key_env: AWS_SECRET_ACCESS_KEY
+{{- $upstreams := list }}
+{{- range .Values.upstreams }}
+{{- $upstream := omit . "apiKeySecret" }}
+{{- if .apiKeySecret }}
+{{- $_ := set $upstream "api_key_env" (include "nightshift.upstreamKeyEnv" .) }}
+{{- end }}
+{{- $upstreams = append $upstreams $upstream }}
+{{- end }}
+{{- if not $upstreams }}
+# No upstreams: the built-in `echo` model answers every line.
+{{- end }}
+upstreams:
+  {{- toYaml $upstreams | nindent 2 }}
+batches:
+  {{- toYaml .Values.config.batches | nindent 2 }}
+files:
+  {{- toYaml .Values.config.files | nindent 2 }}
+kubernetes:
+  namespace: {{ .Release.Namespace }}
+  # The shard Jobs the controller creates. Fields under `worker` are Kubernetes' own pod-spec YAML.
+  worker:
+    image: {{ include "nightshift.workerImage" . | quote }}
+    image_pull_policy: {{ default .Values.image.pullPolicy .Values.worker.image.pullPolicy }}
+    config_path: {{ include "nightshift.configPath" . }}
+    backoff_limit: {{ .Values.worker.backoffLimit }}
+    env:
+      {{- include "nightshift.s3Env" . | nindent 6 }}
+      - name: RUST_LOG
+        value: {{ .Values.logLevel | quote }}
+      {{- range .Values.upstreams }}
+      {{- if .apiKeySecret }}
+      - name: {{ include "nightshift.upstreamKeyEnv" . }}
+        valueFrom:
+          secretKeyRef:
+            name: {{ required "upstreams[].apiKeySecret.name is required" .apiKeySecret.name }}
+            key: {{ required "upstreams[].apiKeySecret.key is required" .apiKeySecret.key }}
+      {{- end }}
+      {{- end }}
+      {{- with .Values.worker.extraEnv }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    volumes:
+      {{- include "nightshift.configVolumes" . | nindent 6 }}
+      {{- with .Values.worker.extraVolumes }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    volume_mounts:
+      {{- include "nightshift.configVolumeMounts" . | nindent 6 }}
+      {{- with .Values.worker.extraVolumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- with .Values.worker.resources }}
+    resources:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.worker.nodeSelector }}
+    node_selector:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.worker.tolerations }}
+    tolerations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    security_context:
+      {{- toYaml .Values.securityContext | nindent 6 }}
+    pod_security_context:
+      {{- toYaml .Values.podSecurityContext | nindent 6 }}
+{{- end }}

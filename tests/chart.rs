@@ -1,0 +1,860 @@
+//! The Helm chart (charts/nightshift): it lints, it renders manifests that are valid
+//! Kubernetes 1.20 objects and that keep the chart's promises (least-privilege RBAC that
+//! is exactly src/k8s/rbac.rs, non-root read-only pods, CRDs identical to the generated
+//! ones), and, applied to a real kube-apiserver 1.20, it is enough for `nightshift api`
+//! and `nightshift controller` to run a batch end to end with the chart's own
+//! ServiceAccounts, ConfigMap, Secrets and worker template. A last test installs,
+//! upgrades and uninstalls it with helm itself.
+//!
+//! Needs helm (tests/tools/install-helm.sh), the Kubernetes toolchain
+//! (tests/tools/install-kube.sh), s3s-fs and the venv with kubernetes-validate; `tests/run`
+//! installs them all.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::TestS3;
+use common::cluster::{Kubelet, TestCluster, eventually};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::rbac::v1::Role;
+use kube::api::{Api, ListParams, PostParams};
+use nightshift::k8s::crd::BatchResource;
+use nightshift::k8s::rbac;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/nightshift");
+const FULL_VALUES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/nightshift/ci/full-values.yaml");
+/// The version of the test API server (tests/common/cluster.rs), and of the schemas.
+const KUBE_VERSION: &str = "1.20.0";
+const RELEASE: &str = "nightshift";
+
+// ---------------------------------------------------------------------------
+// Tools
+// ---------------------------------------------------------------------------
+
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("NIGHTSHIFT_CACHE").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/nightshift"),
+    }
+}
+
+/// `$HELM`, else the binary tests/tools/install-helm.sh installed.
+fn helm_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("HELM").filter(|v| !v.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let cached = cache_dir().join("helm/bin/helm");
+    assert!(
+        cached.exists(),
+        "helm is not installed at {}: run tests/tools/install-helm.sh (tests/run does), or set HELM",
+        cached.display()
+    );
+    cached
+}
+
+fn kubectl_bin() -> String {
+    std::env::var("KUBECTL").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "kubectl".into())
+}
+
+/// Runs `program args`, panicking with its output unless it succeeds; returns stdout.
+fn run(command: &mut Command) -> String {
+    let output = command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// helm with its own state (config, cache, data) in `home`, never the user's.
+fn helm(home: &Path) -> Command {
+    let mut command = Command::new(helm_bin());
+    command
+        .env("HOME", home)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    command
+}
+
+/// `helm template` of the chart as release [`RELEASE`] in `namespace` for Kubernetes 1.20.
+fn render(namespace: &str, args: &[&str]) -> String {
+    let home = TempDir::new().unwrap();
+    run(helm(home.path())
+        .args(["template", RELEASE, CHART, "--namespace", namespace, "--kube-version", KUBE_VERSION])
+        .args(args))
+}
+
+/// The documents of a multi-document YAML stream, as JSON values (empty ones skipped).
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|document| Value::deserialize(document).expect("helm renders valid YAML"))
+        .filter(|document| !document.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} among {:?}", kinds(docs)))
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    docs.iter()
+        .map(|d| format!("{}/{}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap()))
+        .collect()
+}
+
+fn count(docs: &[Value], kind: &str) -> usize {
+    docs.iter().filter(|d| d["kind"] == kind).count()
+}
+
+/// The nightshift configuration file inside the rendered ConfigMap.
+fn rendered_config(docs: &[Value]) -> String {
+    find(docs, "ConfigMap", &format!("{RELEASE}-config"))["data"]["config.yaml"].as_str().unwrap().to_owned()
+}
+
+// ---------------------------------------------------------------------------
+// Lint, files, rendering
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_chart_lints_with_defaults_and_with_everything_enabled() {
+    let home = TempDir::new().unwrap();
+    run(helm(home.path()).args(["lint", "--strict", CHART]));
+    // Ingress with TLS, ServiceMonitors, the dashboard, projects, upstreams with keys.
+    run(helm(home.path()).args(["lint", "--strict", CHART, "-f", FULL_VALUES]));
+}
+
+#[test]
+fn the_chart_crds_are_the_generated_ones() {
+    let chart = std::fs::read_to_string(format!("{CHART}/crds/nightshift.yaml")).unwrap();
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/nightshift.yaml")).unwrap();
+    assert!(chart == committed, "charts/nightshift/crds/nightshift.yaml differs from crds/nightshift.yaml: copy it");
+    assert!(
+        chart == nightshift::k8s::crd::crds_yaml(),
+        "the CRDs differ from `nightshift crd`: run `cargo run -- crd > crds/nightshift.yaml` and copy it to the chart"
+    );
+    let dir: Vec<_> = std::fs::read_dir(format!("{CHART}/crds")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(dir, ["nightshift.yaml"], "the chart's crds/ holds only the generated file");
+}
+
+#[test]
+fn every_key_of_values_yaml_is_documented() {
+    let values = std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap();
+    let lines: Vec<&str> = values.lines().collect();
+    let mut undocumented = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let is_key = !trimmed.starts_with('#')
+            && !trimmed.starts_with('-')
+            && trimmed.split_once(':').is_some_and(|(key, _)| !key.is_empty() && !key.contains(' '));
+        if is_key && !(n > 0 && lines[n - 1].trim_start().starts_with('#')) {
+            undocumented.push(format!("{}: {line}", n + 1));
+        }
+    }
+    assert!(undocumented.is_empty(), "keys without a comment above them:\n{}", undocumented.join("\n"));
+}
+
+#[test]
+fn the_dashboard_is_valid_json_over_the_documented_metrics() {
+    let text = std::fs::read_to_string(format!("{CHART}/dashboards/nightshift.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(dashboard["uid"], "nightshift");
+    let exprs: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .map(|t| t["expr"].as_str().unwrap())
+        .collect();
+    for metric in [
+        "nightshift_batches{",
+        "nightshift_lines_total{",
+        "nightshift_upstream_request_duration_seconds_bucket{",
+        "nightshift_upstream_retries_total{",
+        "nightshift_queue_depth{",
+        "nightshift_http_requests_total{",
+    ] {
+        assert!(exprs.iter().any(|e| e.contains(metric)), "no panel queries {metric}");
+    }
+}
+
+fn rules(docs: &[Value], name: &str) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    let role: Role = serde_json::from_value(find(docs, "Role", name).clone()).unwrap();
+    role.rules.unwrap_or_default()
+}
+
+/// The securityContext every container of the chart runs with.
+fn assert_locked_down(pod: &Value, container: &Value, what: &str) {
+    let pod_sc = &pod["securityContext"];
+    assert_eq!(pod_sc["runAsNonRoot"], true, "{what}: {pod_sc}");
+    assert_eq!(pod_sc["runAsUser"], 65532, "{what}: {pod_sc}");
+    assert_eq!(pod_sc["seccompProfile"]["type"], "RuntimeDefault", "{what}: {pod_sc}");
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true, "{what}: {sc}");
+    assert_eq!(sc["runAsUser"], 65532, "{what}: {sc}");
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{what}: {sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{what}: {sc}");
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{what}: {sc}");
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{what}: {sc}");
+    let mounts = container["volumeMounts"].as_array().unwrap_or_else(|| panic!("{what}: no volumeMounts"));
+    let tmp = mounts.iter().find(|m| m["mountPath"] == "/tmp").unwrap_or_else(|| panic!("{what}: no /tmp mount"));
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == tmp["name"]).unwrap();
+    assert!(volume["emptyDir"].is_object(), "{what}: /tmp is an emptyDir: {volume}");
+    let config = mounts.iter().find(|m| m["mountPath"] == "/etc/nightshift").expect("the config mount");
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == config["name"]).unwrap();
+    assert_eq!(volume["configMap"]["name"], format!("{RELEASE}-config"), "{what}");
+}
+
+fn env_of(container: &Value) -> HashMap<String, Value> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e.get("value").or(e.get("valueFrom")).cloned().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_rendered_defaults_keep_the_charts_promises() {
+    let docs = documents(&render("batch", &[]));
+
+    // RBAC: exactly the rules of src/k8s/rbac.rs, bound to each role's own ServiceAccount.
+    assert_eq!(rules(&docs, "nightshift-api"), rbac::api_rules(), "the api's Role is src/k8s/rbac.rs's");
+    assert_eq!(rules(&docs, "nightshift-controller"), rbac::controller_rules(), "the controller's Role");
+    assert_eq!(count(&docs, "Role"), 2, "workers get no Role");
+    assert_eq!(count(&docs, "ClusterRole") + count(&docs, "ClusterRoleBinding"), 0, "namespaced only");
+    for role in ["api", "controller"] {
+        let binding = find(&docs, "RoleBinding", &format!("nightshift-{role}"));
+        assert_eq!(binding["roleRef"]["name"], format!("nightshift-{role}"));
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": format!("nightshift-{role}"), "namespace": "batch"}])
+        );
+    }
+    let worker_sa = find(&docs, "ServiceAccount", "nightshift-worker");
+    assert_eq!(worker_sa["automountServiceAccountToken"], false);
+
+    // The api: 2 replicas, probes, its ServiceAccount, the config, the S3 Secret.
+    let api = find(&docs, "Deployment", "nightshift-api");
+    assert_eq!(api["spec"]["replicas"], 2);
+    let pod = &api["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "nightshift-api");
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"], json!(["api"]));
+    assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "http"}));
+    assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "http"}));
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert!(container["resources"]["requests"].is_object());
+    let env = env_of(container);
+    assert_eq!(env["NIGHTSHIFT_CONFIG"], "/etc/nightshift/config.yaml");
+    assert_eq!(env["POD_NAMESPACE"]["fieldRef"]["fieldPath"], "metadata.namespace");
+    assert_eq!(env["AWS_ACCESS_KEY_ID"]["secretKeyRef"], json!({"name": "nightshift-s3", "key": "AWS_ACCESS_KEY_ID"}));
+    assert_eq!(env["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"], "nightshift-s3");
+    assert_locked_down(pod, container, "api");
+    let service = find(&docs, "Service", "nightshift-api");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    let pdb = find(&docs, "PodDisruptionBudget", "nightshift-api");
+    assert_eq!(pdb["apiVersion"], "policy/v1beta1", "Kubernetes 1.20 has no policy/v1 PodDisruptionBudget");
+
+    // The controller: 1 replica, its identity from the downward API, probes on 9090.
+    let controller = find(&docs, "Deployment", "nightshift-controller");
+    assert_eq!(controller["spec"]["replicas"], 1);
+    let pod = &controller["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "nightshift-controller");
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"], json!(["controller"]));
+    let env = env_of(container);
+    assert_eq!(env["POD_NAME"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(env["NIGHTSHIFT_NAMESPACE"]["fieldRef"]["fieldPath"], "metadata.namespace");
+    assert_eq!(env["NIGHTSHIFT_PROBE_LISTEN"], "0.0.0.0:9090");
+    assert_eq!(env["NIGHTSHIFT_CONFIG"], "/etc/nightshift/config.yaml");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_locked_down(pod, container, "controller");
+
+    // The configuration parses as Nightshift's own, and shapes locked-down workers.
+    let config = nightshift::config::Config::from_yaml(&rendered_config(&docs)).expect("the rendered config parses");
+    assert_eq!(config.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(config.kubernetes.namespace.as_deref(), Some("batch"));
+    assert!(config.upstreams.is_empty(), "the echo model by default");
+    let s3 = config.storage.s3.as_ref().expect("S3 storage");
+    assert_eq!(s3.bucket, "nightshift");
+    let worker = &config.kubernetes.worker;
+    assert_eq!(worker.image, "nightshift:0.1.0");
+    assert_eq!(worker.config_path, "/etc/nightshift/config.yaml");
+    assert_eq!(worker.backoff_limit, 3);
+    let worker_pod = json!({
+        "securityContext": serde_json::to_value(&worker.pod_security_context).unwrap(),
+        "volumes": serde_json::to_value(&worker.volumes).unwrap(),
+    });
+    let worker_container = json!({
+        "securityContext": serde_json::to_value(&worker.security_context).unwrap(),
+        "volumeMounts": serde_json::to_value(&worker.volume_mounts).unwrap(),
+    });
+    assert_locked_down(&worker_pod, &worker_container, "worker");
+    let names: Vec<&str> = worker.env.iter().map(|e| e.name.as_str()).collect();
+    assert!(names.contains(&"AWS_ACCESS_KEY_ID") && names.contains(&"AWS_SECRET_ACCESS_KEY"), "{names:?}");
+    assert!(worker.resources.is_some());
+
+    // Optional parts are off by default.
+    for kind in ["Ingress", "ServiceMonitor", "Project"] {
+        assert_eq!(count(&docs, kind), 0, "no {kind} by default: {:?}", kinds(&docs));
+    }
+    assert!(docs.iter().all(|d| d["metadata"]["namespace"] == "batch"), "everything in the release namespace");
+}
+
+#[test]
+fn the_rendered_options_keep_the_charts_promises() {
+    let docs = documents(&render("batch", &["-f", FULL_VALUES]));
+
+    let ingress = find(&docs, "Ingress", "nightshift");
+    assert_eq!(ingress["apiVersion"], "networking.k8s.io/v1");
+    let spec = &ingress["spec"];
+    assert_eq!(spec["ingressClassName"], "nginx");
+    assert_eq!(spec["tls"], json!([{"hosts": ["nightshift.example.com"], "secretName": "nightshift-tls"}]));
+    let rule = &spec["rules"][0];
+    assert_eq!(rule["host"], "nightshift.example.com");
+    let path = &rule["http"]["paths"][0];
+    assert_eq!(path["path"], "/v1");
+    assert_eq!(path["backend"]["service"], json!({"name": "nightshift-api", "port": {"name": "http"}}));
+    let annotations = &ingress["metadata"]["annotations"];
+    assert_eq!(annotations["nginx.ingress.kubernetes.io/proxy-body-size"], "110m", "100 MB uploads pass");
+    assert_eq!(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"], "600");
+
+    assert_eq!(count(&docs, "ServiceMonitor"), 2);
+    let monitor = find(&docs, "ServiceMonitor", "nightshift-controller");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    let metrics = find(&docs, "Service", "nightshift-controller-metrics");
+    assert_eq!(metrics["spec"]["ports"][0]["name"], "metrics");
+
+    let dashboard = find(&docs, "ConfigMap", "nightshift-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/dashboards/nightshift.json")).unwrap()).unwrap();
+    let rendered: Value = serde_json::from_str(dashboard["data"]["nightshift.json"].as_str().unwrap()).unwrap();
+    assert_eq!(rendered, shipped);
+
+    // Projects: inline hashes go to a rendered Secret, existing Secrets are referenced.
+    let research = find(&docs, "Project", "research");
+    assert_eq!(research["apiVersion"], "nightshift.dev/v1alpha1");
+    assert_eq!(research["spec"]["id"], common::PROJECT);
+    assert_eq!(research["spec"]["quota"]["tokens"], 100_000_000);
+    assert_eq!(
+        research["spec"]["api_keys"],
+        json!([
+            {"secret_name": "nightshift-project-research", "key": "sha256-0", "active": true},
+            {"secret_name": "research-old-key", "key": "sha256", "active": false},
+        ])
+    );
+    let secret = find(&docs, "Secret", "nightshift-project-research");
+    assert_eq!(secret["stringData"]["sha256-0"], hex::encode(nightshift::auth::sha256(common::KEY)));
+    let billing = find(&docs, "Project", "billing");
+    assert_eq!(billing["spec"]["api_keys"], json!([{"secret_name": "billing-key", "key": "sha256", "active": true}]));
+
+    // Upstreams: the key reaches workers from its Secret, under the name the config gives.
+    let config = nightshift::config::Config::from_yaml(&rendered_config(&docs)).expect("the rendered config parses");
+    assert_eq!(config.upstreams.len(), 2);
+    let vllm = &config.upstreams[0];
+    assert_eq!((vllm.name.as_str(), vllm.max_concurrency), ("vllm-llama", 128));
+    let key_env = vllm.api_key_env.clone().expect("api_key_env");
+    let env = config.kubernetes.worker.env.iter().find(|e| e.name == key_env).expect("the key in the workers' env");
+    let from = env.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((from.name.as_str(), from.key.as_str()), ("vllm-api-key", "api-key"));
+    assert_eq!(config.upstreams[1].api_key_env, None);
+    assert_eq!(config.storage.s3.as_ref().unwrap().endpoint.as_deref(), Some("http://minio.minio.svc:9000"));
+    assert!(config.storage.s3.as_ref().unwrap().path_style);
+    assert_eq!(config.kubernetes.worker.node_selector.get("gpu-pool").map(String::as_str), Some("true"));
+    assert_eq!(config.kubernetes.worker.tolerations.len(), 1);
+
+    // A newer cluster gets policy/v1.
+    let docs =
+        documents(&render("batch", &["--kube-version", "1.25.0", "--api-versions", "policy/v1/PodDisruptionBudget"]));
+    assert_eq!(find(&docs, "PodDisruptionBudget", "nightshift-api")["apiVersion"], "policy/v1");
+}
+
+/// Validates every manifest in the files given as arguments against the Kubernetes
+/// schemas of the version given first, strictly (unknown fields are errors). Prints one
+/// JSON object: what was validated, what was skipped, and every failure.
+const VALIDATE_PY: &str = r#"
+import json, sys
+import yaml
+import kubernetes_validate
+from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+# Kinds that are not part of Kubernetes have no schema in kubernetes-validate: the
+# Prometheus Operator's ServiceMonitor (a CRD of its own), and Nightshift's Project,
+# which the cluster test instead has the real API server validate against the CRD.
+NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("nightshift.dev/v1alpha1", "Project")}
+version = sys.argv[1]
+result = {"validated": [], "skipped": [], "failures": []}
+for path in sys.argv[2:]:
+    with open(path) as f:
+        for doc in yaml.safe_load_all(f):
+            if not doc:
+                continue
+            what = "%s %s/%s" % (doc["apiVersion"], doc["kind"], doc["metadata"]["name"])
+            if (doc["apiVersion"], doc["kind"]) in NO_SCHEMA:
+                result["skipped"].append(what)
+                continue
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+                result["validated"].append(what)
+            except ValidationError as e:
+                where = ".".join(str(p) for p in e.path)
+                result["failures"].append("%s (%s): %s at %s" % (what, path, e.message, where))
+            except SchemaNotFoundError as e:
+                result["failures"].append("%s: %s" % (what, e.message))
+print(json.dumps(result))
+"#;
+
+#[test]
+fn the_rendered_manifests_are_valid_kubernetes_1_20_objects() {
+    let dir = TempDir::new().unwrap();
+    let defaults = dir.path().join("defaults.yaml");
+    std::fs::write(&defaults, render("batch", &["--include-crds"])).unwrap();
+    let full = dir.path().join("full.yaml");
+    std::fs::write(&full, render("batch", &["--include-crds", "-f", FULL_VALUES])).unwrap();
+    let output =
+        run(Command::new(common::tools::python()).args(["-c", VALIDATE_PY, KUBE_VERSION]).arg(&defaults).arg(&full));
+    let result: Value = serde_json::from_str(output.trim()).unwrap();
+    let failures = result["failures"].as_array().unwrap();
+    assert!(failures.is_empty(), "manifests that are not valid Kubernetes {KUBE_VERSION} objects:\n{failures:#?}");
+    let validated: Vec<&str> = result["validated"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for expected in [
+        "apps/v1 Deployment/nightshift-api",
+        "apps/v1 Deployment/nightshift-controller",
+        "v1 ConfigMap/nightshift-config",
+        "v1 Service/nightshift-api",
+        "policy/v1beta1 PodDisruptionBudget/nightshift-api",
+        "networking.k8s.io/v1 Ingress/nightshift",
+        "rbac.authorization.k8s.io/v1 Role/nightshift-controller",
+        "v1 ServiceAccount/nightshift-worker",
+        "v1 Secret/nightshift-project-research",
+        "apiextensions.k8s.io/v1 CustomResourceDefinition/batches.nightshift.dev",
+        "v1 ConfigMap/nightshift-dashboard",
+    ] {
+        assert!(validated.contains(&expected), "{expected} was not validated: {validated:#?}");
+    }
+    let skipped: HashSet<&str> = result["skipped"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(
+        skipped,
+        HashSet::from([
+            "monitoring.coreos.com/v1 ServiceMonitor/nightshift-api",
+            "monitoring.coreos.com/v1 ServiceMonitor/nightshift-controller",
+            "nightshift.dev/v1alpha1 Project/research",
+            "nightshift.dev/v1alpha1 Project/billing",
+        ])
+    );
+
+    // The worker Jobs' pod-spec pieces are in the ConfigMap, out of reach of the schema
+    // check above: validate them as the container and pod spec of a Job would hold them.
+    let config =
+        nightshift::config::Config::from_yaml(&rendered_config(&documents(&std::fs::read_to_string(&full).unwrap())))
+            .unwrap();
+    let worker = &config.kubernetes.worker;
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "worker-template"},
+        "spec": {"backoffLimit": worker.backoff_limit, "template": {"spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "securityContext": worker.pod_security_context,
+            "volumes": worker.volumes,
+            "nodeSelector": worker.node_selector,
+            "tolerations": worker.tolerations,
+            "containers": [{
+                "name": "worker", "image": worker.image, "imagePullPolicy": worker.image_pull_policy,
+                "args": ["worker"], "env": worker.env, "volumeMounts": worker.volume_mounts,
+                "resources": worker.resources, "securityContext": worker.security_context,
+            }],
+        }}},
+    });
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(&job_file, serde_json::to_string(&job).unwrap()).unwrap();
+    let output = run(Command::new(common::tools::python()).args(["-c", VALIDATE_PY, KUBE_VERSION]).arg(&job_file));
+    let result: Value = serde_json::from_str(output.trim()).unwrap();
+    assert_eq!(result["failures"], json!([]), "the worker template is not a valid pod spec");
+    assert_eq!(result["validated"], json!(["batch/v1 Job/worker-template"]));
+}
+
+// ---------------------------------------------------------------------------
+// On a real API server
+// ---------------------------------------------------------------------------
+
+const NS: &str = "nightshift";
+/// The api and controller image: not runnable by the stand-in kubelet (they run as local
+/// processes below), so their pods are only admitted, never started.
+const IMAGE_TAG: &str = "chart-test";
+/// The worker image, which the stand-in kubelet maps to the nightshift binary.
+const WORKER_IMAGE: &str = "nightshift-worker:chart-test";
+
+fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
+    run(Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .arg("--cache-dir")
+        .arg(cluster.dir().join("kubectl-cache"))
+        .args(args))
+}
+
+/// A child process that is killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `nightshift <args>` and waits for a stdout line containing `marker`.
+// A start that times out panics the test, whose exit ends the child.
+#[allow(clippy::zombie_processes)]
+fn spawn(args: &[&str], env: &[(&str, String)], marker: &str, log: &Path) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.clone())))
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    loop {
+        let line = received.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("nightshift {args:?} printed no {marker:?}: {}", std::fs::read_to_string(log).unwrap_or_default())
+        });
+        if line.contains(marker) {
+            return (Process(child), line);
+        }
+    }
+}
+
+/// The values of the cluster test: the test S3 server, two projects (an inline hash and
+/// an existing Secret), an upstream whose key comes from a Secret (never called: lines
+/// ask the built-in echo model, but workers must find its key to start), small shards.
+fn cluster_values(s3: &TestS3) -> Value {
+    json!({
+        "image": {"repository": "nightshift", "tag": IMAGE_TAG},
+        "worker": {"image": {"repository": "nightshift-worker"}},
+        "storage": {"s3": {
+            "bucket": s3.bucket, "endpoint": s3.endpoint, "pathStyle": true,
+            "credentials": {"existingSecret": "nightshift-s3"},
+        }},
+        "upstreams": [{
+            "name": "unused", "base_url": "http://127.0.0.1:9/v1", "models": ["unused-*"],
+            "apiKeySecret": {"name": "upstream-key", "key": "api-key"},
+        }],
+        "projects": [
+            {"name": "demo", "id": common::PROJECT, "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(common::KEY))}]},
+            {"name": "other", "id": common::OTHER_PROJECT, "apiKeys": [{"existingSecret": "other-key"}]},
+        ],
+        "config": {"batches": {"shard_lines": 2, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
+        "ingress": {"enabled": true, "host": "nightshift.test", "tls": {"enabled": true}},
+        "grafana": {"dashboard": {"enabled": true}},
+    })
+}
+
+async fn create_secret(cluster: &TestCluster, name: &str, data: &[(&str, String)]) {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        string_data: Some(data.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect::<BTreeMap<_, _>>()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(cluster.client().await, NS).create(&PostParams::default(), &secret).await.unwrap();
+}
+
+/// Installs the chart's CRDs from its crds/ directory and waits until they are served.
+fn install_crds(cluster: &TestCluster) {
+    kubectl(cluster, &["apply", "-f", &format!("{CHART}/crds/")]);
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/batches.nightshift.dev",
+            "crd/projects.nightshift.dev",
+        ],
+    );
+}
+
+async fn status_of(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+fn assert_forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts() {
+    let cluster = TestCluster::start().await;
+    cluster.create_namespace(NS).await;
+    let s3 = TestS3::start();
+    let dir = TempDir::new().unwrap();
+
+    // What an operator creates before installing: the S3 credentials, the upstream's
+    // key, and the hash of a project's key.
+    create_secret(
+        &cluster,
+        "nightshift-s3",
+        &[
+            ("AWS_ACCESS_KEY_ID", common::S3_ACCESS_KEY.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", common::S3_SECRET_KEY.to_owned()),
+        ],
+    )
+    .await;
+    create_secret(&cluster, "upstream-key", &[("api-key", "sk-upstream".to_owned())]).await;
+    create_secret(&cluster, "other-key", &[("sha256", hex::encode(nightshift::auth::sha256(common::OTHER_KEY)))]).await;
+
+    // helm template → kubectl apply, CRDs from the chart's crds/ first.
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, serde_json::to_string(&cluster_values(&s3)).unwrap()).unwrap();
+    let manifests = render(NS, &["-f", values.to_str().unwrap()]);
+    let docs = documents(&manifests);
+    let rendered = dir.path().join("rendered.yaml");
+    std::fs::write(&rendered, &manifests).unwrap();
+    install_crds(&cluster);
+    let applied = kubectl(&cluster, &["apply", "-n", NS, "-f", rendered.to_str().unwrap()]);
+    assert_eq!(applied.lines().count(), docs.len(), "every manifest applied:\n{applied}");
+
+    // The Deployments' pods are admitted with their ServiceAccounts (the stand-in
+    // kubelet does not run their image: the roles run as local processes below).
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await, NS);
+    for (component, replicas) in [("api", 2), ("controller", 1)] {
+        let selector = format!("app.kubernetes.io/component={component}");
+        let created = eventually(&format!("{replicas} {component} pods"), 60, || {
+            let pods = pods.clone();
+            let selector = selector.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
+                (list.items.len() == replicas).then_some(list.items)
+            }
+        })
+        .await;
+        let spec = created[0].spec.as_ref().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some(format!("nightshift-{component}").as_str()));
+    }
+
+    // The ConfigMap's configuration, for local processes: the same file, except that
+    // workers (run by the stand-in kubelet on this machine) find it at a local path.
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&rendered_config(&docs)).unwrap();
+    let config_path = dir.path().join("config.yaml");
+    config["kubernetes"]["worker"]["config_path"] = config_path.display().to_string().into();
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let config_arg = config_path.display().to_string();
+
+    // Tokens of the chart's own ServiceAccounts, bound only to the chart's Roles.
+    let api_token = cluster.service_account_token(NS, "nightshift-api").await;
+    let controller_token = cluster.service_account_token(NS, "nightshift-controller").await;
+    let worker_token = cluster.service_account_token(NS, "nightshift-worker").await;
+    std::fs::create_dir(dir.path().join("api")).unwrap();
+    std::fs::create_dir(dir.path().join("controller")).unwrap();
+    let api_kubeconfig = cluster.kubeconfig_for_token(&api_token, &dir.path().join("api"));
+    let controller_kubeconfig = cluster.kubeconfig_for_token(&controller_token, &dir.path().join("controller"));
+
+    let client = cluster.client().await;
+    let _kubelet = Kubelet::start(
+        client.clone(),
+        NS,
+        HashMap::from([(WORKER_IMAGE.to_owned(), PathBuf::from(env!("CARGO_BIN_EXE_nightshift")))]),
+    )
+    .await;
+    let s3_env = [
+        ("AWS_ACCESS_KEY_ID", common::S3_ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", common::S3_SECRET_KEY.to_owned()),
+    ];
+    let mut api_env = s3_env.to_vec();
+    api_env.push(("KUBECONFIG", api_kubeconfig.display().to_string()));
+    api_env.push(("POD_NAMESPACE", NS.to_owned()));
+    let (_api, line) = spawn(
+        &["api", "--config", &config_arg, "--listen", "127.0.0.1:0"],
+        &api_env,
+        "listening on",
+        &dir.path().join("api.log"),
+    );
+    let api_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
+    let probe_port = common::free_port();
+    let mut controller_env = s3_env.to_vec();
+    controller_env.push(("KUBECONFIG", controller_kubeconfig.display().to_string()));
+    controller_env.push(("NIGHTSHIFT_NAMESPACE", NS.to_owned()));
+    controller_env.push(("POD_NAME", "nightshift-controller-0".to_owned()));
+    controller_env.push(("NIGHTSHIFT_PROBE_LISTEN", format!("127.0.0.1:{probe_port}")));
+    let (_controller, _) =
+        spawn(&["controller", "--config", &config_arg], &controller_env, "leading", &dir.path().join("controller.log"));
+
+    // Probes as the chart's Deployments use them.
+    for url in [format!("{api_url}/healthz"), format!("{api_url}/readyz")] {
+        assert_eq!(status_of(&url).await.0, 200, "{url}");
+    }
+    let probes = format!("http://127.0.0.1:{probe_port}");
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(status_of(&format!("{probes}{path}")).await.0, 200, "controller {path}");
+    }
+
+    // Both projects of values authenticate (the rendered Secret, the existing one).
+    let http = reqwest::Client::new();
+    for (project, key) in [(common::PROJECT, common::KEY), (common::OTHER_PROJECT, common::OTHER_KEY)] {
+        let answer = eventually(&format!("project {project} known to the api"), 30, || {
+            let request = http
+                .get(format!("{api_url}/v1/batches"))
+                .header("x-project-id", project)
+                .header("x-api-key", key)
+                .send();
+            async move {
+                let response = request.await.ok()?;
+                (response.status() == 200).then_some(response)
+            }
+        })
+        .await;
+        let list: Value = answer.json().await.unwrap();
+        assert_eq!(list["object"], "list", "{list}");
+    }
+
+    // A batch end to end: 5 lines, shards of 2, run as 3 Jobs of the chart's worker template.
+    let user = common::client::Client::new(&api_url, common::PROJECT, common::KEY);
+    let ids = common::client::ids("line", 5);
+    let file = user.upload(common::client::input(&ids, "echo")).await;
+    let created = user.create(&file).await;
+    let batch = user.wait_terminal(created["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let results = user.results(&batch, &ids).await;
+    assert_eq!(results.output.len(), 5);
+    for (id, record) in &results.output {
+        assert_eq!(record["response"]["body"]["choices"][0]["message"]["content"], id.as_str(), "{record}");
+    }
+    let jobs: Vec<Job> = Api::namespaced(client.clone(), NS)
+        .list(&ListParams::default().labels(nightshift::k8s::crd::BATCH_LABEL))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(jobs.len(), 3);
+    let pod = jobs[0].spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let container = &pod.containers[0];
+    assert_eq!(container.image.as_deref(), Some(WORKER_IMAGE));
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!((security.read_only_root_filesystem, security.run_as_non_root), (Some(true), Some(true)));
+    assert_eq!(pod.security_context.as_ref().unwrap().run_as_user, Some(65532));
+    let volumes: Vec<&str> = pod.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    assert_eq!(volumes, ["config", "tmp"]);
+    let batches: Api<BatchResource> = Api::namespaced(client.clone(), NS);
+    assert_eq!(batches.list(&ListParams::default()).await.unwrap().items.len(), 1);
+
+    // Metrics, where the chart's ServiceMonitors scrape them.
+    let (status, text) = status_of(&format!("{api_url}/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("nightshift_http_requests_total"), "{text}");
+    let (status, text) = status_of(&format!("{probes}/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("nightshift_batches"), "{text}");
+
+    // Least privilege: each ServiceAccount is refused what its role does not need.
+    let api_client = cluster.client_for_token(&api_token).await;
+    assert_forbidden(
+        Api::<Job>::namespaced(api_client.clone(), NS).create(&PostParams::default(), &jobs[0]).await,
+        "the api creating a Job",
+    );
+    assert_forbidden(Api::<Pod>::namespaced(api_client, NS).list(&ListParams::default()).await, "the api listing pods");
+    let controller_client = cluster.client_for_token(&controller_token).await;
+    assert_forbidden(
+        Api::<Secret>::namespaced(controller_client, NS).list(&ListParams::default()).await,
+        "the controller listing Secrets",
+    );
+    let worker_client = cluster.client_for_token(&worker_token).await;
+    assert_forbidden(
+        Api::<BatchResource>::namespaced(worker_client.clone(), NS).list(&ListParams::default()).await,
+        "a worker listing Batches",
+    );
+    assert_forbidden(
+        Api::<Secret>::namespaced(worker_client, NS).list(&ListParams::default()).await,
+        "a worker listing Secrets",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installs_upgrades_and_uninstalls_the_chart_and_leaves_the_crds() {
+    let cluster = TestCluster::start().await;
+    cluster.create_namespace(NS).await;
+    let home = TempDir::new().unwrap();
+    let kubeconfig = cluster.kubeconfig_path().to_str().unwrap().to_owned();
+    let helm_at = |args: &[&str]| -> String {
+        run(helm(home.path()).args(args).args(["--namespace", NS, "--kubeconfig", &kubeconfig]))
+    };
+    let values = home.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        serde_json::to_string(&json!({
+            "projects": [{"name": "demo", "id": common::PROJECT,
+                          "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(common::KEY))}]}],
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+
+    // install: the CRDs from crds/ first, then the templates (a Project among them).
+    helm_at(&["install", RELEASE, CHART, "-f", values.to_str().unwrap()]);
+    let crds = kubectl(&cluster, &["get", "crd", "-o", "name"]);
+    assert!(crds.contains("batches.nightshift.dev") && crds.contains("projects.nightshift.dev"), "{crds}");
+    let pdb = kubectl(&cluster, &["get", "pdb", "-n", NS, "nightshift-api", "-o", "jsonpath={.apiVersion}"]);
+    assert_eq!(pdb, "policy/v1beta1", "helm picks the PodDisruptionBudget version the cluster serves");
+    let projects = kubectl(&cluster, &["get", "projects", "-n", NS, "-o", "name"]);
+    assert_eq!(projects.trim(), "project.nightshift.dev/demo");
+    // A resource of the CRDs' that Helm does not manage, as Batches are.
+    let manual = home.path().join("manual.yaml");
+    std::fs::write(
+        &manual,
+        serde_json::to_string(&json!({
+            "apiVersion": "nightshift.dev/v1alpha1", "kind": "Project", "metadata": {"name": "manual"},
+            "spec": {"id": common::OTHER_PROJECT, "api_keys": [{"secret_name": "manual-key"}]},
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    kubectl(&cluster, &["apply", "-n", NS, "-f", manual.to_str().unwrap()]);
+
+    // upgrade: new values reach the Deployments.
+    helm_at(&["upgrade", RELEASE, CHART, "-f", values.to_str().unwrap(), "--set", "api.replicas=3"]);
+    let replicas = kubectl(&cluster, &["get", "deploy", "-n", NS, "nightshift-api", "-o", "jsonpath={.spec.replicas}"]);
+    assert_eq!(replicas, "3");
+    let history = helm_at(&["history", RELEASE]);
+    assert_eq!(history.lines().count(), 3, "two revisions:\n{history}");
+
+    // uninstall: everything the templates made is gone, the CRDs and the resources Helm
+    // did not make stay.
+    helm_at(&["uninstall", RELEASE]);
+    let left = kubectl(&cluster, &["get", "deploy,svc,sa,role,rolebinding,configmap,pdb", "-n", NS, "-o", "name"]);
+    let ours: Vec<&str> = left.lines().filter(|l| l.contains("nightshift")).collect();
+    assert!(ours.is_empty(), "left behind by helm uninstall: {ours:?}");
+    let crds = kubectl(&cluster, &["get", "crd", "-o", "name"]);
+    assert!(crds.contains("batches.nightshift.dev") && crds.contains("projects.nightshift.dev"), "{crds}");
+    let projects = kubectl(&cluster, &["get", "projects", "-n", NS, "-o", "name"]);
+    assert_eq!(projects.trim(), "project.nightshift.dev/manual");
+}
