@@ -27,5 +27,15 @@ bench-operator:
     cargo build --release
     . ~/.cache/nightshift/kube/env.sh && cargo bench --bench operator
 
+# Regenerate the committed CRDs (and the chart's copy) from the Rust types.
+crds:
+    cargo run --quiet -- crd > crds/nightshift.yaml
+    cp crds/nightshift.yaml charts/nightshift/crds/nightshift.yaml
+
+# Lint the Helm chart (tests/tools/install-helm.sh installs helm).
+chart-lint:
+    tests/tools/install-helm.sh >/dev/null
+    . ~/.cache/nightshift/helm/env.sh && "$HELM" lint --strict charts/nightshift
+
 build:
     cargo build --release

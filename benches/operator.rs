@@ -5,7 +5,6 @@
 //!   2. 10,000 terminal Batches in the controller's cache: its memory (RSS) once synced.
 
 #[path = "../tests/common/cluster.rs"]
-#[allow(dead_code)]
 mod cluster;
 
 use std::io::{BufRead, BufReader};
