@@ -266,6 +266,11 @@ pub struct WorkerTemplate {
     /// Pod retries per shard Job; a retried pod resumes from the shard's checkpoints.
     #[serde(default = "default_backoff_limit")]
     pub backoff_limit: i32,
+    /// The worker pods' ServiceAccount (one with no Role: workers need no credentials).
+    #[serde(default)]
+    pub service_account_name: Option<String>,
+    #[serde(default)]
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
     #[serde(default)]
     pub env: Vec<k8s_openapi::api::core::v1::EnvVar>,
     #[serde(default)]
@@ -301,6 +306,8 @@ impl Default for WorkerTemplate {
             image_pull_policy: None,
             config_path: default_worker_config_path(),
             backoff_limit: default_backoff_limit(),
+            service_account_name: None,
+            image_pull_secrets: Vec::new(),
             env: Vec::new(),
             volumes: Vec::new(),
             volume_mounts: Vec::new(),

@@ -66,6 +66,9 @@ pub fn shard_job(batch: &BatchResource, shard: &Shard, template: &WorkerTemplate
                 metadata: Some(ObjectMeta { labels: Some(labels.into_iter().collect()), ..ObjectMeta::default() }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".to_owned()),
+                    service_account_name: template.service_account_name.clone(),
+                    image_pull_secrets: (!template.image_pull_secrets.is_empty())
+                        .then(|| template.image_pull_secrets.clone()),
                     // Progress and checkpoints travel through object storage.
                     automount_service_account_token: Some(false),
                     containers: vec![container],

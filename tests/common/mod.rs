@@ -5,6 +5,7 @@
 pub mod client;
 pub mod cluster;
 pub mod multipart;
+pub mod process;
 pub mod serve;
 pub mod tools;
 pub mod upstream;

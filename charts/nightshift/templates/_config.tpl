@@ -40,6 +40,11 @@ kubernetes:
     image_pull_policy: {{ default .Values.image.pullPolicy .Values.worker.image.pullPolicy }}
     config_path: {{ include "nightshift.configPath" . }}
     backoff_limit: {{ .Values.worker.backoffLimit }}
+    service_account_name: {{ include "nightshift.serviceAccountName" (list . "worker") }}
+    {{- with .Values.imagePullSecrets }}
+    image_pull_secrets:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
     env:
       {{- include "nightshift.s3Env" . | nindent 6 }}
       - name: RUST_LOG
