@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState};
 use crate::auth::ProjectDirectory;
-use crate::batches::{BatchSettings, Status};
+use crate::batches::BatchSettings;
 use crate::config::Config;
 use crate::files::{self, FileCatalog};
 use crate::k8s::controller::check_crds;
@@ -79,7 +79,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             unfinished
                 .iter()
                 .map(|resource| to_batch(resource))
-                .filter(|batch| !batch.state.status.is_terminal() || batch.state.status == Status::Validating)
+                .filter(|batch| !batch.state.status.is_terminal())
                 .map(|batch| batch.spec.input_file_id)
                 .collect()
         }
