@@ -20,12 +20,6 @@ pub enum LineOutcome {
     Failure(LineFailure),
 }
 
-/// Counts a call made to the upstream; tests and metrics read them.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct CallStats {
-    pub attempts: u32,
-}
-
 /// The fields of a chat completion's `usage` that batches add up.
 #[derive(serde::Deserialize, Default)]
 struct TokenCounts {
@@ -66,11 +60,9 @@ fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome
 
 /// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
 /// up to [`ATTEMPTS`] attempts in all.
-pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: Bytes) -> (LineOutcome, CallStats) {
-    let mut stats = CallStats::default();
+pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: Bytes) -> LineOutcome {
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
-        stats.attempts = attempt;
         let mut request = client
             .post(upstream.url.clone())
             .timeout(upstream.timeout)
@@ -101,8 +93,8 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: 
                     }
                 };
                 match judge(status, &bytes) {
-                    Verdict::Success => return (success(status, request_id, &bytes), stats),
-                    Verdict::Fail(failure) => return (LineOutcome::Failure(failure), stats),
+                    Verdict::Success => return success(status, request_id, &bytes),
+                    Verdict::Fail(failure) => return LineOutcome::Failure(failure),
                     Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
                 }
             }
@@ -110,7 +102,7 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: 
         }
         pause(upstream.backoff, attempt, retry_after).await;
     }
-    (LineOutcome::Failure(exhausted(&last)), stats)
+    LineOutcome::Failure(exhausted(&last))
 }
 
 async fn pause(backoff: Backoff, attempt: u32, retry_after: Option<Duration>) {

@@ -14,7 +14,6 @@ pub mod upstream;
 pub mod worker;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -22,7 +21,6 @@ use tokio::sync::Semaphore;
 use crate::files::FileCatalog;
 use crate::quota::QuotaLedger;
 use crate::storage::{ObjectStore, StorageError};
-use call::CallStats;
 use checkpoint::CheckpointReader;
 use upstream::Upstreams;
 
@@ -48,20 +46,6 @@ impl Default for ExecSettings {
     }
 }
 
-/// Upstream calls made, for metrics and tests.
-#[derive(Default)]
-pub struct ExecStats {
-    pub attempts: AtomicU64,
-    pub retries: AtomicU64,
-}
-
-impl ExecStats {
-    fn record(&self, stats: CallStats) {
-        self.attempts.fetch_add(u64::from(stats.attempts), Ordering::Relaxed);
-        self.retries.fetch_add(u64::from(stats.attempts.saturating_sub(1)), Ordering::Relaxed);
-    }
-}
-
 /// Everything a worker, a drain or a finalize needs.
 pub struct ExecContext {
     pub store: Arc<dyn ObjectStore>,
@@ -72,7 +56,6 @@ pub struct ExecContext {
     pub quota: Arc<QuotaLedger>,
     pub checkpoints: CheckpointReader,
     pub settings: ExecSettings,
-    pub stats: ExecStats,
 }
 
 impl ExecContext {
@@ -98,7 +81,6 @@ impl ExecContext {
             quota,
             checkpoints: CheckpointReader::default(),
             settings,
-            stats: ExecStats::default(),
         }
     }
 }

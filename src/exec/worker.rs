@@ -221,11 +221,7 @@ fn launch<'a>(
     }
     in_flight.push(Box::pin(async move {
         let outcome = match request.upstream {
-            Some(position) => {
-                let (outcome, stats) = call_upstream(&ctx.client, ctx.upstreams.get(position), request.body).await;
-                ctx.stats.record(stats);
-                outcome
-            }
+            Some(position) => call_upstream(&ctx.client, ctx.upstreams.get(position), request.body).await,
             None => echo(&request.body),
         };
         Done { index: request.index, custom_id: request.custom_id, outcome, upstream: request.upstream, permit }

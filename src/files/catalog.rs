@@ -114,15 +114,6 @@ impl FileCatalog {
         self.store.read(&data_key(&record.project_id, &record.id), None).await
     }
 
-    /// A byte range of the file's bytes.
-    pub async fn open_range(
-        &self,
-        record: &FileRecord,
-        range: std::ops::Range<u64>,
-    ) -> Result<ByteStream, StorageError> {
-        self.store.read(&data_key(&record.project_id, &record.id), Some(range)).await
-    }
-
     /// A byte range of a file's bytes by id, whatever its record says: running batches
     /// read their input this way, so deleting an input does not stop them.
     pub async fn open_data_range(
@@ -132,11 +123,6 @@ impl FileCatalog {
         range: std::ops::Range<u64>,
     ) -> Result<ByteStream, StorageError> {
         self.store.read(&data_key(project, id), Some(range)).await
-    }
-
-    /// Whether the bytes behind a record are still in storage.
-    pub async fn has_bytes(&self, record: &FileRecord) -> Result<bool, StorageError> {
-        Ok(self.store.size(&data_key(&record.project_id, &record.id)).await?.is_some())
     }
 
     pub async fn list(&self, project: &ProjectId, query: &FileListQuery) -> Result<FilePage, StorageError> {

@@ -19,7 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::crd::{BATCH_LABEL, BatchResource, ProjectResource, resource_name};
+use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
 use super::jobs::{JobPhase, job_phase, job_shard, shard_job};
 use super::store::to_batch;
 use crate::batches::{Batch, BatchState, Ending, ReservedFiles};
@@ -448,9 +448,4 @@ pub async fn check_crds(client: &Client, namespace: &str) -> anyhow::Result<()> 
 
 pub fn reporter(instance: &str) -> Reporter {
     Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_owned()) }
-}
-
-/// For tests and benchmarks: the name of a Batch resource.
-pub fn name_of(batch: &Batch) -> String {
-    resource_name(&batch.spec.id)
 }
