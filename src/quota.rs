@@ -63,8 +63,17 @@ impl QuotaLedger {
     /// Live: a line of `batch` just used `tokens`.
     pub fn charge(&self, project: &ProjectId, batch: &BatchId, tokens: u64) {
         let mut used = self.used.lock().expect("quota ledger");
-        let usage = used.entry(project.clone()).or_default();
-        *usage.by_batch.entry(batch.clone()).or_default() += tokens;
+        // Called once per line: look up before cloning keys into the maps.
+        if !used.contains_key(project) {
+            used.insert(project.clone(), ProjectUsage::default());
+        }
+        let usage = used.get_mut(project).expect("inserted above");
+        match usage.by_batch.get_mut(batch) {
+            Some(known) => *known += tokens,
+            None => {
+                usage.by_batch.insert(batch.clone(), tokens);
+            }
+        }
         usage.total += tokens;
     }
 

@@ -77,7 +77,7 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: 
         }
         let started = std::time::Instant::now();
         let sent = request.send().await;
-        METRICS.upstream_attempt(&upstream.name, started.elapsed());
+        upstream.latency.observe(started.elapsed().as_secs_f64());
         match sent {
             Ok(response) => {
                 let status = response.status().as_u16();

@@ -167,8 +167,9 @@ impl ChunkWriter {
         Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending }
     }
 
-    pub fn push_output(&mut self, index: u32, record: &[u8], usage: Usage) {
-        self.out.extend_from_slice(record);
+    /// Adds an output record, written by `write` straight into the chunk's buffer.
+    pub fn push_output_with(&mut self, index: u32, usage: Usage, write: impl FnOnce(&mut Vec<u8>)) {
+        write(&mut self.out);
         self.pending.out.push(index);
         self.pending.usage.input_tokens += usage.input_tokens;
         self.pending.usage.output_tokens += usage.output_tokens;

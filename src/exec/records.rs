@@ -45,11 +45,24 @@ struct ErrorBody<'a> {
 
 /// An output line (2xx), newline-terminated. `body` is the upstream's JSON, verbatim.
 pub fn output_line(id: &LineId, custom_id: &str, status: u16, request_id: Option<&str>, body: &RawValue) -> Vec<u8> {
+    let mut line = Vec::new();
+    write_output_line(&mut line, id, custom_id, status, request_id, body);
+    line
+}
+
+/// As [`output_line`], appended to `into` (a chunk's buffer) without a copy between.
+pub fn write_output_line(
+    into: &mut Vec<u8>,
+    id: &LineId,
+    custom_id: &str,
+    status: u16,
+    request_id: Option<&str>,
+    body: &RawValue,
+) {
     let record =
         OutputRecord { id: id.as_str(), custom_id, response: Response { status_code: status, request_id, body } };
-    let mut line = serde_json::to_vec(&record).expect("records serialize");
-    line.push(b'\n');
-    line
+    serde_json::to_writer(&mut *into, &record).expect("records serialize");
+    into.push(b'\n');
 }
 
 /// An error line, newline-terminated.

@@ -18,6 +18,8 @@ pub struct Upstream {
     pub permits: Arc<Semaphore>,
     pub timeout: Duration,
     pub backoff: Backoff,
+    /// This upstream's `nightshift_upstream_request_duration_seconds`.
+    pub latency: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Upstream {
@@ -72,6 +74,7 @@ impl Upstreams {
                 permits: Arc::new(Semaphore::new(config.max_concurrency)),
                 timeout: config.timeout,
                 backoff: Backoff { base: config.retry_base_delay, ..Backoff::default() },
+                latency: crate::metrics::METRICS.upstream_latency_of(&config.name),
             });
         }
         Ok(Self { upstreams })

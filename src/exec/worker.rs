@@ -16,7 +16,7 @@ use super::call::{LineOutcome, call_upstream, echo};
 use super::checkpoint::{ChunkWriter, ShardLedger};
 use super::failure::{self, LineFailure};
 use super::input::{RequestLines, parse_request};
-use super::records::{error_line, line_id, output_line};
+use super::records::{error_line, line_id, write_output_line};
 use super::upstream::Route;
 use super::{ExecContext, ExecError};
 use crate::batches::BatchSpec;
@@ -242,7 +242,9 @@ fn record(
         LineOutcome::Success { status, request_id, body, usage } => {
             METRICS.line_completed();
             ctx.quota.charge(&spec.project_id, &spec.id, usage.total_tokens);
-            writer.push_output(index, &output_line(&id, custom_id, status, request_id.as_deref(), &body), usage);
+            writer.push_output_with(index, usage, |buffer| {
+                write_output_line(buffer, &id, custom_id, status, request_id.as_deref(), &body);
+            });
         }
         LineOutcome::Failure(failure) => {
             METRICS.line_failed(failure.code.as_str());
