@@ -183,29 +183,32 @@ impl Operator {
     }
 
     fn start_controller(&self, identity: &str) -> Process {
+        self.controller_starter(identity)()
+    }
+
+    /// Starts a controller replica when called, on any thread (a standby blocks until it leads).
+    fn controller_starter(&self, identity: &str) -> impl FnOnce() -> Process + Send + 'static {
         let mut env = self.env.clone();
         env.push(("KUBECONFIG", self.controller_kubeconfig.display().to_string()));
         let config = self.config.display().to_string();
         let log = self.dir.path().join(format!("{identity}.log"));
-        spawn(
-            &[
+        let identity = identity.to_owned();
+        move || {
+            let args = [
                 "controller",
                 "--config",
                 &config,
                 "--namespace",
                 NS,
                 "--identity",
-                identity,
+                &identity,
                 "--lease-seconds",
                 "3",
                 "--probe-listen",
                 "127.0.0.1:0",
-            ],
-            &env,
-            "leading",
-            &log,
-        )
-        .0
+            ];
+            spawn(&args, &env, "leading", &log).0
+        }
     }
 
     /// Runs tests/e2e/operator_sdk.py with `env`; returns its JSON lines.
@@ -340,31 +343,7 @@ async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_restarted_mid_batch_loses_nothing_and_a_standby_takes_over() {
     let mut operator = Operator::start(10, Duration::from_millis(50), 2).await;
-    let standby = std::thread::spawn({
-        let mut env = operator.env.clone();
-        env.push(("KUBECONFIG", operator.controller_kubeconfig.display().to_string()));
-        let config = operator.config.display().to_string();
-        let log = operator.dir.path().join("controller-2.log");
-        move || {
-            spawn(
-                &[
-                    "controller",
-                    "--config",
-                    &config,
-                    "--namespace",
-                    NS,
-                    "--identity",
-                    "controller-2",
-                    "--lease-seconds",
-                    "3",
-                ],
-                &env,
-                "leading",
-                &log,
-            )
-            .0
-        }
-    });
+    let standby = std::thread::spawn(operator.controller_starter("controller-2"));
     let created = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40"), ("CREATE_ONLY", "1")]));
     let id = created[0]["id"].as_str().unwrap().to_owned();
     eventually("lines done", 60, || {

@@ -77,35 +77,14 @@ async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();
     let first = Serve::start(data.path(), &[]);
     let (project, key) = (first.project_id.clone().unwrap(), first.api_key.clone().unwrap());
-    let client = reqwest::Client::new();
-    let form = reqwest::multipart::Form::new()
-        .text("purpose", "batch")
-        .part("file", reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("a.jsonl"));
-    let uploaded: serde_json::Value = client
-        .post(format!("{}/v1/files", first.url))
-        .header("x-project-id", &project)
-        .header("x-api-key", &key)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let client = common::client::Client::new(&first.url, &project, &key);
+    let id = client.upload(b"{}\n".to_vec()).await;
+    let uploaded = client.file(&id).await;
     first.kill();
 
     let second = Serve::start(data.path(), &[]);
     assert_eq!(second.project_id.as_deref(), Some(project.as_str()));
     assert_eq!(second.api_key.as_deref(), Some(key.as_str()));
-    let retrieved: serde_json::Value = client
-        .get(format!("{}/v1/files/{}", second.url, uploaded["id"].as_str().unwrap()))
-        .header("x-project-id", &project)
-        .header("x-api-key", &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let retrieved = common::client::Client::new(&second.url, &project, &key).file(&id).await;
     assert_eq!(retrieved, uploaded);
 }
