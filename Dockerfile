@@ -1,17 +1,31 @@
 # syntax=docker/dockerfile:1
 # The one image of every Nightshift role: `nightshift api`, `controller`, `worker`, `serve`.
 #
+# From source (the Rust build runs inside the build):
 #   docker build -t nightshift:0.1.0 .
 #
-# The builder and the runtime use the same Debian release (bookworm), so the binary finds
-# the glibc it was linked against. Any minimal glibc image of that release works as the
-# runtime (e.g. a distroless "cc" image for Debian 12, tag `nonroot`):
-#   docker build --build-arg RUNTIME_IMAGE=<image> -t nightshift .
+# From a binary built outside (CI caches, air-gapped machines, or a builder that cannot run
+# the Rust stage): put the `nightshift` binary alone in a directory and use that directory as
+# the build context. Only the runtime stage (and the stage the TLS roots come from) is built:
+#   cargo build --release --locked
+#   mkdir -p /tmp/nightshift-image && cp target/release/nightshift /tmp/nightshift-image/
+#   docker build --build-arg BINARY=prebuilt -f Dockerfile -t nightshift:0.1.0 /tmp/nightshift-image
+# The binary links against glibc: build it on Debian 12 (bookworm) or older.
+#
+# Base images are build arguments, so that a mirror or a locally made image can stand in
+# (the test suite builds this file with podman from bases made with debootstrap):
+#   RUST_IMAGE     the Rust toolchain on bookworm (BINARY=source only)
+#   CERTS_IMAGE    any image with Debian's ca-certificates: the TLS roots are copied from it
+#   RUNTIME_IMAGE  any minimal glibc image of bookworm, e.g. a distroless "cc" image for
+#                  Debian 12 (tag `nonroot`)
 
 ARG RUST_IMAGE=rust:1.95-bookworm
+ARG CERTS_IMAGE=rust:1.95-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
+# Where the binary comes from: `source` (built below) or `prebuilt` (the build context).
+ARG BINARY=source
 
-FROM ${RUST_IMAGE} AS build
+FROM ${RUST_IMAGE} AS binary-source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
@@ -23,10 +37,17 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin nightshift \
     && install -D -m 0755 target/release/nightshift /out/nightshift
 
+FROM scratch AS binary-prebuilt
+COPY nightshift /out/nightshift
+
+FROM binary-${BINARY} AS binary
+
+FROM ${CERTS_IMAGE} AS certs
+
 FROM ${RUNTIME_IMAGE}
 # TLS roots for S3 and upstreams over https (rustls reads the system store).
-COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-COPY --from=build /out/nightshift /usr/local/bin/nightshift
+COPY --from=certs /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY --from=binary --chmod=0755 /out/nightshift /usr/local/bin/nightshift
 # Non-root, as the chart's securityContext requires (runAsNonRoot, runAsUser 65532);
 # nothing is written outside /tmp, so the root filesystem can be read-only.
 USER 65532:65532

@@ -241,7 +241,7 @@ impl Default for FilesConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
     /// The namespace of Batches, Projects and worker Jobs; else `$POD_NAMESPACE`, else `default`.
@@ -249,6 +249,20 @@ pub struct KubernetesConfig {
     pub namespace: Option<String>,
     #[serde(default)]
     pub worker: WorkerTemplate,
+    /// How long a stopping `api` stays unready, still answering (with `Connection: close`),
+    /// before it stops accepting: the time Services and ingresses take to forget it.
+    #[serde(default = "default_api_shutdown_delay", deserialize_with = "duration::deserialize_precise")]
+    pub api_shutdown_delay: Duration,
+}
+
+fn default_api_shutdown_delay() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self { namespace: None, worker: WorkerTemplate::default(), api_shutdown_delay: default_api_shutdown_delay() }
+    }
 }
 
 /// How the controller shapes each shard's Job. Fields under it use Kubernetes' own

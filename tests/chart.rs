@@ -13,13 +13,14 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use common::TestS3;
 use common::cluster::{Kubelet, TestCluster, eventually};
 use common::process::spawn;
+use common::tools::{helm, kubectl_bin, run};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
@@ -39,55 +40,6 @@ const RELEASE: &str = "nightshift";
 // ---------------------------------------------------------------------------
 // Tools
 // ---------------------------------------------------------------------------
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("NIGHTSHIFT_CACHE").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/nightshift"),
-    }
-}
-
-/// `$HELM`, else the binary tests/tools/install-helm.sh installed.
-fn helm_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("HELM").filter(|v| !v.is_empty()) {
-        return PathBuf::from(path);
-    }
-    let cached = cache_dir().join("helm/bin/helm");
-    assert!(
-        cached.exists(),
-        "helm is not installed at {}: run tests/tools/install-helm.sh (tests/run does), or set HELM",
-        cached.display()
-    );
-    cached
-}
-
-fn kubectl_bin() -> String {
-    std::env::var("KUBECTL").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "kubectl".into())
-}
-
-/// Runs `program args`, panicking with its output unless it succeeds; returns stdout.
-fn run(command: &mut Command) -> String {
-    let output = command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// helm with its own state (config, cache, data) in `home`, never the user's.
-fn helm(home: &Path) -> Command {
-    let mut command = Command::new(helm_bin());
-    command
-        .env("HOME", home)
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    command
-}
 
 /// `helm template` of the chart as release [`RELEASE`] in `namespace` for Kubernetes 1.20.
 fn render(namespace: &str, args: &[&str]) -> String {

@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, merged, behind the shared layers.
 
 mod batches;
+mod drain;
 mod error;
 mod extract;
 mod files;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 
+pub use drain::Drain;
 pub use error::{ApiError, ErrorType};
 pub use middleware::REQUEST_ID_HEADER;
 
@@ -32,6 +34,8 @@ pub struct AppState {
     pub quota: Arc<QuotaLedger>,
     /// Wakes whatever executes batches when one is created or cancelled.
     pub wake: Arc<Notify>,
+    /// Set when the server is stopping (see [`Drain`]).
+    pub drain: Drain,
 }
 
 async fn metrics() -> impl axum::response::IntoResponse {
@@ -44,17 +48,20 @@ async fn metrics() -> impl axum::response::IntoResponse {
 /// The whole API. Layers run outside in: request id and logging, CORS, then routing;
 /// authentication wraps only the matched routes, so unknown URLs answer 404 as such.
 pub fn router(state: AppState) -> Router {
+    let drain = state.drain.clone();
     Router::new()
         .merge(files::router())
         .merge(batches::router())
         .route_layer(from_fn_with_state(state.clone(), middleware::authenticate))
-        // Probes: no credentials, no dependencies checked beyond the process answering.
+        // Probes: no credentials, no dependencies checked beyond the process answering
+        // (and, for readiness, not draining).
         .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route("/readyz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(drain::readyz).with_state(drain.clone()))
         .route("/metrics", axum::routing::get(metrics))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
         .layer(from_fn(middleware::cors))
+        .layer(from_fn_with_state(drain, drain::close_connections))
         .layer(from_fn(middleware::request_id))
 }

@@ -83,12 +83,12 @@ async fn copy_chunk(
     loop {
         while let Some(newline) = memchr::memchr(b'\n', &buffer) {
             let line = buffer.split_to(newline + 1).freeze();
-            if let Some(&index) = indexes.get(record) {
-                if let Some(slot) = seen.get_mut(index as usize).filter(|slot| !**slot) {
-                    *slot = true;
-                    into.write(line).await?;
-                    copied += 1;
-                }
+            if let Some(&index) = indexes.get(record)
+                && let Some(slot) = seen.get_mut(index as usize).filter(|slot| !**slot)
+            {
+                *slot = true;
+                into.write(line).await?;
+                copied += 1;
             }
             record += 1;
         }

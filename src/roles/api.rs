@@ -11,7 +11,7 @@ use clap::Args;
 use tokio::sync::Notify;
 
 use super::{open_store, shutdown_signal};
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, Drain};
 use crate::auth::ProjectDirectory;
 use crate::batches::BatchSettings;
 use crate::config::Config;
@@ -70,6 +70,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         quota,
         // The controller watches Batches: nothing to wake.
         wake: Arc::new(Notify::new()),
+        drain: Drain::default(),
     };
 
     let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
@@ -88,7 +89,8 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     println!("Nightshift API listening on http://{} (namespace {namespace})", listener.local_addr()?);
-    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    let shutdown = state.drain.clone().on(shutdown_signal(), config.kubernetes.api_shutdown_delay);
+    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await?;
     gc.abort();
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::{open_store, shutdown_signal};
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, Drain};
 use crate::auth::{ProjectDirectory, Projects};
 use crate::batches::{BatchSettings, EmbeddedBatchStore};
 use crate::config::Config;
@@ -55,6 +55,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         quota,
         wake: runner.waker(),
+        // One process on one machine: no load balancer to leave, stop at once.
+        drain: Drain::default(),
     };
 
     let pins = runner.clone();

@@ -7,13 +7,18 @@
 //! the garbage collector cascades deletions and ServiceAccounts get token
 //! Secrets, exactly as on a real cluster.
 //!
-//! There is no scheduler and no node. [`Kubelet`] stands in for the kubelet:
+//! Two tiers of nodes. The fast tier has no scheduler and no node: [`Kubelet`] stands in for the kubelet:
 //! it runs each Pod of one namespace as a local process (container images map
 //! to local executables) and reports the Pod's phase back through the status
 //! subresource, so that the Job controller sees Pods run, succeed and fail.
 //!
-//! Every component listens on 127.0.0.1 only and every client connects
-//! directly (proxy settings from the environment are ignored).
+//! The real tier (`tests/common/node.rs`) adds kube-scheduler, a kubelet on containerd and
+//! kube-proxy; its cluster is started with [`ClusterOptions::for_real_node`], so that pods
+//! reach the API server through the `kubernetes` Service.
+//!
+//! Every component listens on 127.0.0.1 only (but the API server of a real-node cluster,
+//! which listens on every address) and every client connects directly (proxy settings
+//! from the environment are ignored).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -47,6 +52,9 @@ use tokio::task::{AbortHandle, JoinHandle};
 /// Lines of each log printed when a test panics.
 const LOG_TAIL_LINES: usize = 40;
 
+/// The Services' ClusterIP range.
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+
 // ---------------------------------------------------------------------------
 // TestCluster
 // ---------------------------------------------------------------------------
@@ -70,11 +78,61 @@ pub struct TestCluster {
     _slot: SemaphorePermit<'static>,
 }
 
-/// One control-plane process and its log file.
-struct Component {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
+/// One control-plane (or node) process and its log file.
+pub struct Component {
+    pub name: &'static str,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Component {
+    /// Starts `program args` with stdout and stderr to `<dir>/<name>.log`.
+    pub fn spawn(dir: &Path, name: &'static str, program: &Path, args: &[String]) -> Component {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let err = out.try_clone().expect("clone log file handle");
+        // The components don't fork, so killing their pid is enough. They
+        // stay in the test's process group: Ctrl-C on `cargo test` (which
+        // skips destructors) still stops them.
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name} ({}): {e}", program.display()));
+        Component { name, child, log }
+    }
+
+    /// Panics if the process has exited.
+    pub fn assert_running(&mut self, while_: &str) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            print_tail(self.name, &self.log);
+            panic!("{} exited early ({status}) while {while_}", self.name);
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How a [`TestCluster`] is started.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// An address of this host that pods can reach. When set, the API server listens on
+    /// every address and advertises this one, and the `kubernetes` Service's endpoints are
+    /// maintained (they point at it), as a real node's pods need.
+    pub advertise: Option<std::net::Ipv4Addr>,
+}
+
+impl ClusterOptions {
+    /// For a cluster with a real node: pods reach the API server at `host`.
+    pub fn for_real_node(host: std::net::Ipv4Addr) -> Self {
+        ClusterOptions { advertise: Some(host) }
+    }
 }
 
 impl TestCluster {
@@ -83,6 +141,11 @@ impl TestCluster {
     /// Panics (printing the component logs) if a binary is missing, a process
     /// exits early or a health check times out.
     pub async fn start() -> TestCluster {
+        Self::start_with(ClusterOptions::default()).await
+    }
+
+    /// [`TestCluster::start`] with options.
+    pub async fn start_with(options: ClusterOptions) -> TestCluster {
         let bins = Binaries::locate();
         let slot = cluster_slots().acquire().await.expect("cluster semaphore closed");
         let started = Instant::now();
@@ -122,6 +185,10 @@ impl TestCluster {
             TestCluster { components: Vec::new(), server_url, admin_token, kubeconfig, http, dir, _slot: slot };
         let d = cluster.dir.path().to_owned();
 
+        let (advertise, bind, reconciler) = match options.advertise {
+            Some(host) => (host.to_string(), "0.0.0.0", "lease"),
+            None => ("127.0.0.1".to_owned(), "127.0.0.1", "none"),
+        };
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
         cluster.spawn(
@@ -148,8 +215,8 @@ impl TestCluster {
             "kube-apiserver",
             &bins.apiserver,
             &[
-                "--advertise-address=127.0.0.1".into(),
-                "--bind-address=127.0.0.1".into(),
+                format!("--advertise-address={advertise}"),
+                format!("--bind-address={bind}"),
                 format!("--secure-port={api_port}"),
                 "--insecure-port=0".into(),
                 format!("--cert-dir={}", d.join("certs").display()),
@@ -159,10 +226,13 @@ impl TestCluster {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-account-key-file={}", sa_pub.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                // 127.0.0.1 is not a valid Endpoints address; don't maintain the
-                // endpoints of the "kubernetes" service.
-                "--endpoint-reconciler-type=none".into(),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                // 127.0.0.1 is not a valid Endpoints address: without a real node, don't
+                // maintain the endpoints of the "kubernetes" service.
+                format!("--endpoint-reconciler-type={reconciler}"),
+                // Reach kubelets (logs, exec, port-forward) at their node's address: the
+                // test node's name resolves nowhere.
+                "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
             ],
         );
         let readyz = format!("{}/readyz", cluster.server_url);
@@ -297,20 +367,8 @@ impl TestCluster {
     }
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) {
-        let log = self.dir.path().join(format!("{name}.log"));
-        let out = File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
-        let err = out.try_clone().expect("clone log file handle");
-        // The components don't fork, so killing their pid is enough. They
-        // stay in the test's process group: Ctrl-C on `cargo test` (which
-        // skips destructors) still stops them.
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {name} ({}): {e}", program.display()));
-        self.components.push(Component { name, child, log });
+        let component = Component::spawn(self.dir.path(), name, program, args);
+        self.components.push(component);
     }
 
     /// Polls `url` until `ok(body)` holds for a 2xx response; panics if a
@@ -334,11 +392,12 @@ impl TestCluster {
             if with_token {
                 req = req.bearer_auth(&self.admin_token);
             }
-            if let Ok(resp) = req.send().await {
-                if resp.status().is_success() && resp.text().await.is_ok_and(|b| ok(b.trim())) {
-                    eprintln!("[cluster] {what}: ok after {:.1?}", started.elapsed());
-                    return;
-                }
+            if let Ok(resp) = req.send().await
+                && resp.status().is_success()
+                && resp.text().await.is_ok_and(|b| ok(b.trim()))
+            {
+                eprintln!("[cluster] {what}: ok after {:.1?}", started.elapsed());
+                return;
             }
             if started.elapsed() > Duration::from_secs(timeout_secs) {
                 panic!("timed out after {timeout_secs}s waiting for {what}");
@@ -409,39 +468,39 @@ impl Binaries {
     /// From `ETCD` / `KUBE_APISERVER` / `KUBE_CONTROLLER_MANAGER`, else from
     /// `<cache>/kube/env.sh` written by `tests/tools/install-kube.sh`.
     fn locate() -> Binaries {
-        let cache =
-            std::env::var_os("NIGHTSHIFT_CACHE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/nightshift")
-            });
-        let env_file = cache.join("kube/env.sh");
-        let from_file: HashMap<String, String> = std::fs::read_to_string(&env_file)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| {
-                let (key, value) = line.trim().strip_prefix("export ")?.split_once('=')?;
-                Some((key.to_owned(), value.trim_matches(['"', '\'']).to_owned()))
-            })
-            .collect();
-        let find = |var: &str| -> PathBuf {
-            let path = std::env::var(var)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .or_else(|| from_file.get(var).cloned())
-                .map(PathBuf::from);
-            match path {
-                Some(p) if is_executable(&p) => p,
-                other => panic!(
-                    "{var} not found or not executable ({other:?}; looked at ${var} and {}). \
-                     Run tests/tools/install-kube.sh to install the Kubernetes test toolchain.",
-                    env_file.display()
-                ),
-            }
-        };
         Binaries {
-            etcd: find("ETCD"),
-            apiserver: find("KUBE_APISERVER"),
-            controller_manager: find("KUBE_CONTROLLER_MANAGER"),
+            etcd: tool("kube", "ETCD"),
+            apiserver: tool("kube", "KUBE_APISERVER"),
+            controller_manager: tool("kube", "KUBE_CONTROLLER_MANAGER"),
         }
+    }
+}
+
+/// The value of `var`: from the environment, else from `<cache>/<installer>/env.sh`, which
+/// `tests/tools/install-<installer>.sh` writes (`kube`, `node`).
+pub fn tool_setting(installer: &str, var: &str) -> Option<String> {
+    if let Some(value) = std::env::var(var).ok().filter(|v| !v.is_empty()) {
+        return Some(value);
+    }
+    let cache = std::env::var_os("NIGHTSHIFT_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/nightshift"));
+    let env_file = cache.join(installer).join("env.sh");
+    std::fs::read_to_string(&env_file).unwrap_or_default().lines().find_map(|line| {
+        let (key, value) = line.trim().strip_prefix("export ")?.split_once('=')?;
+        (key == var).then(|| value.trim_matches(['"', '\'']).to_owned())
+    })
+}
+
+/// The executable named by [`tool_setting`]; panics with how to install it.
+pub fn tool(installer: &str, var: &str) -> PathBuf {
+    match tool_setting(installer, var).map(PathBuf::from) {
+        Some(p) if is_executable(&p) => p,
+        other => panic!(
+            "{var} not found or not executable ({other:?}; looked at ${var} and the cache's {installer}/env.sh). \
+             Run tests/tools/install-{installer}.sh (tests/run runs it)."
+        ),
     }
 }
 
@@ -502,13 +561,13 @@ fn openssl(args: &[&str]) {
     assert!(out.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn random_hex(bytes: usize) -> String {
+pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("read /dev/urandom");
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn is_executable(path: &Path) -> bool {
+pub fn is_executable(path: &Path) -> bool {
     path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
@@ -516,7 +575,7 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("non-UTF-8 temp path")
 }
 
-fn print_tail(what: &str, path: &Path) {
+pub fn print_tail(what: &str, path: &Path) {
     let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     eprintln!("===== last lines of {what} ({}) =====", path.display());

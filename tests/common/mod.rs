@@ -4,7 +4,9 @@
 
 pub mod client;
 pub mod cluster;
+pub mod image;
 pub mod multipart;
+pub mod node;
 pub mod process;
 pub mod serve;
 pub mod tools;
@@ -39,9 +41,14 @@ pub fn free_port() -> u16 {
 }
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
+    wait_for_address((std::net::Ipv4Addr::LOCALHOST, port), child, what)
+}
+
+pub fn wait_for_address(address: (std::net::Ipv4Addr, u16), child: &mut Child, what: &str) {
+    let port = address.1;
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpStream::connect(address).is_ok() {
             return;
         }
         if let Ok(Some(status)) = child.try_wait() {
@@ -65,20 +72,25 @@ pub const S3_SECRET_KEY: &str = "nightshift-test-secret";
 
 impl TestS3 {
     pub fn start() -> Self {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST)
+    }
+
+    /// On `host` (an address pods reach, for the real node), still served on a free port.
+    pub fn start_on(host: std::net::Ipv4Addr) -> Self {
         let root = TempDir::new().unwrap();
         let bucket = "nightshift".to_owned();
         std::fs::create_dir(root.path().join(&bucket)).unwrap();
         let port = free_port();
         let mut child = Command::new(tools::s3s_fs())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--host", &host.to_string(), "--port", &port.to_string()])
             .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])
             .arg(root.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("s3s-fs starts");
-        wait_for_port(port, &mut child, "s3s-fs");
-        Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket, _root: root }
+        wait_for_address((host, port), &mut child, "s3s-fs");
+        Self { child, endpoint: format!("http://{host}:{port}"), bucket, _root: root }
     }
 
     pub fn settings(&self, prefix: &str) -> S3Settings {
@@ -187,6 +199,7 @@ impl TestApp {
             files: files.clone(),
             batches: batches.clone(),
             batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
+            drain: Default::default(),
         };
         Self { router: api::router(state), store, files, batches }
     }

@@ -1,9 +1,11 @@
 //! Where the test tools that `tests/run` installs live.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("NIGHTSHIFT_CACHE") {
+/// `$NIGHTSHIFT_CACHE`, else `~/.cache/nightshift`: where `tests/run` installs the tools.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("NIGHTSHIFT_CACHE").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/nightshift"),
     }
@@ -29,4 +31,38 @@ pub fn s3s_fs() -> PathBuf {
 /// A Python with the official OpenAI SDK installed.
 pub fn python() -> PathBuf {
     find("NIGHTSHIFT_PYTHON", cache_dir().join("venv/bin/python"), "the Python venv with the openai SDK")
+}
+
+/// `$HELM`, else the binary tests/tools/install-helm.sh installed.
+pub fn helm_bin() -> PathBuf {
+    find("HELM", cache_dir().join("helm/bin/helm"), "helm")
+}
+
+/// helm with its own state (config, cache, data) in `home`, never the user's.
+pub fn helm(home: &Path) -> Command {
+    let mut command = Command::new(helm_bin());
+    command
+        .env("HOME", home)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    command
+}
+
+/// `$KUBECTL`, else `kubectl` on the PATH.
+pub fn kubectl_bin() -> String {
+    std::env::var("KUBECTL").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "kubectl".into())
+}
+
+/// Runs `command`, panicking with its output unless it succeeds; returns stdout.
+pub fn run(command: &mut Command) -> String {
+    let output = command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }

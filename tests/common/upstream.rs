@@ -1,4 +1,4 @@
-//! A scriptable OpenAI-compatible upstream, served on 127.0.0.1 by the test process:
+//! A scriptable OpenAI-compatible upstream, served on 127.0.0.1 (or an address pods reach) by the test process:
 //! `POST /v1/chat/completions` answers per line as the test scripted it (status
 //! codes, delays, flaky attempts, Retry-After, hangs), and counts every call.
 //!
@@ -55,9 +55,14 @@ pub struct MockUpstream {
 
 impl MockUpstream {
     pub async fn start() -> Self {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// On `host` (an address pods reach, for the real node).
+    pub async fn start_on(host: std::net::Ipv4Addr) -> Self {
         let shared = Arc::new(Shared::default());
         let app = Router::new().route("/v1/chat/completions", post(complete)).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
         let address = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
@@ -85,6 +90,11 @@ impl MockUpstream {
 
     pub fn total_calls(&self) -> u64 {
         self.shared.total.load(Ordering::SeqCst)
+    }
+
+    /// Requests being answered right now.
+    pub fn in_flight(&self) -> u64 {
+        self.shared.in_flight.load(Ordering::SeqCst)
     }
 
     pub fn max_in_flight(&self) -> u64 {

@@ -5,6 +5,9 @@
 #   * etcd                     - Debian package `etcd-server` (3.4.x)
 #   * kube-apiserver           - built from Debian's own `kubernetes` source package
 #   * kube-controller-manager  - built from the same source package
+#   * kube-scheduler, kubelet, kube-proxy - the same source, one build, for the real
+#                                node of tests/common/node.rs (tests/tools/install-node.sh
+#                                installs the node's runtime: containerd, runc, CNI)
 #   * kubectl                  - the one on PATH, else Debian's kubernetes-client
 #
 # Built binaries are cached under ${NIGHTSHIFT_CACHE:-$HOME/.cache/nightshift}/kube/bin.
@@ -31,7 +34,8 @@ REFLECT2_PKG=golang-github-modern-go-reflect2-dev
 REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 BUILD_DEPS=(golang-go dpkg-dev rsync "$REFLECT2_PKG")
 # Bump when the build recipe changes so caches get rebuilt.
-BUILD_RECIPE=1
+BUILD_RECIPE=2
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 CACHE_ROOT="${NIGHTSHIFT_CACHE:-$HOME/.cache/nightshift}"
 KUBE_CACHE="$CACHE_ROOT/kube"
@@ -39,110 +43,18 @@ BIN_DIR="$KUBE_CACHE/bin"
 STAMP="$BIN_DIR/.build-stamp"
 WANT_STAMP="src=$K8S_SRC_PKG/$K8S_SRC_VERSION reflect2=$REFLECT2_PKG recipe=$BUILD_RECIPE"
 
-log() { printf '[install-kube] %s\n' "$*" >&2; }
-die() { printf '[install-kube] ERROR: %s\n' "$*" >&2; exit 1; }
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        die "need root (or sudo) to run: $*"
-    fi
-}
-
-pkg_installed() {
-    [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = installed ]
-}
-
-APT_UPDATED=0
-# Install Debian packages that are not installed yet. Runs `apt-get update` only
-# if the install fails (e.g. stale or missing package lists).
-apt_install() {
-    local missing=() p
-    for p in "$@"; do
-        pkg_installed "$p" || missing+=("$p")
-    done
-    [ "${#missing[@]}" -eq 0 ] && return 0
-    log "apt-get install ${missing[*]}"
-    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends install)
-    if ! as_root "${apt[@]}" "${missing[@]}"; then
-        [ "$APT_UPDATED" -eq 1 ] && die "apt-get install ${missing[*]} failed"
-        log "install failed; running apt-get update and retrying"
-        as_root apt-get -q update
-        APT_UPDATED=1
-        as_root "${apt[@]}" "${missing[@]}"
-    fi
-}
-
-# Print "<uri> <signed-by or ->" of the first enabled binary (deb) source of the
-# system's apt configuration that serves suite $1 (e.g. bookworm). Handles both
-# one-line (*.list) and deb822 (*.sources) formats.
-system_mirror() {
-    local suite="$1" SL="" SP="" f
-    eval "$(apt-config shell SL Dir::Etc::sourcelist/f SP Dir::Etc::sourceparts/d)"
-    local files=()
-    [ -n "$SL" ] && [ -f "$SL" ] && files+=("$SL")
-    if [ -n "$SP" ] && [ -d "$SP" ]; then
-        for f in "$SP"/*.list "$SP"/*.sources; do
-            [ -f "$f" ] && files+=("$f")
-        done
-    fi
-    local file
-    for file in "${files[@]}"; do
-        case "$file" in
-        *.sources)
-            awk -v suite="$suite" '
-                function flush() {
-                    if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " suite " ") &&
-                        tolower(enabled) != "no" && uris != "") {
-                        split(uris, u, " "); print u[1], (signed == "" ? "-" : signed); found = 1; exit
-                    }
-                    types = ""; uris = ""; suites = ""; signed = ""; enabled = ""
-                }
-                /^[ \t]*#/ { next }
-                /^[ \t]*$/ { flush(); next }
-                /^[ \t]/ { next }   # continuation lines (e.g. inline keys) are ignored
-                {
-                    key = tolower($0); sub(/:.*/, "", key)
-                    val = $0; sub(/^[^:]*:[ \t]*/, "", val); gsub(/[ \t]+/, " ", val)
-                    if (key == "types") types = val
-                    else if (key == "uris") uris = val
-                    else if (key == "suites") suites = val
-                    else if (key == "signed-by" && val ~ /^\//) signed = val
-                    else if (key == "enabled") enabled = val
-                }
-                END { if (!found) flush() }
-            ' "$file" | head -n1
-            ;;
-        *)
-            awk -v suite="$suite" '
-                /^[ \t]*#/ || NF == 0 { next }
-                $1 != "deb" { next }
-                {
-                    signed = "-"; i = 2
-                    if ($2 ~ /^\[/) {
-                        while (i <= NF) {
-                            o = $i; gsub(/[\[\]]/, "", o)
-                            if (o ~ /^signed-by=/) { sub(/^signed-by=/, "", o); signed = o }
-                            if ($i ~ /\]$/) { i++; break }
-                            i++
-                        }
-                    }
-                    if ($(i + 1) == suite) { print $i, signed; exit }
-                }
-            ' "$file"
-            ;;
-        esac
-    done | head -n1
-}
+LOG_TAG=install-kube
+# shellcheck source=tests/tools/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 print_paths() {
     local etcd_bin="$1" kubectl_bin="$2"
     {
         echo "KUBE_APISERVER=$BIN_DIR/kube-apiserver"
         echo "KUBE_CONTROLLER_MANAGER=$BIN_DIR/kube-controller-manager"
+        echo "KUBE_SCHEDULER=$BIN_DIR/kube-scheduler"
+        echo "KUBELET=$BIN_DIR/kubelet"
+        echo "KUBE_PROXY=$BIN_DIR/kube-proxy"
         echo "ETCD=$etcd_bin"
         echo "KUBECTL=$kubectl_bin"
     } | tee "$KUBE_CACHE/env.sh.tmp"
@@ -206,7 +118,7 @@ build_kube() {
     cp -a "$REFLECT2_SRC" "$tree/vendor/github.com/modern-go/reflect2"
     rm -f "$tree/vendor/github.com/modern-go/reflect2/go.mod" "$tree/vendor/github.com/modern-go/reflect2/go.sum"
 
-    log "building kube-apiserver and kube-controller-manager with $(go version) (takes several minutes)"
+    log "building ${KUBE_BINARIES[*]} with $(go version) (takes several minutes)"
     local start=$SECONDS
     (
         cd "$tree"
@@ -214,19 +126,26 @@ build_kube() {
         export GOCACHE="$WORK/gocache" GOTMPDIR="$WORK/gotmp"
         export KUBE_GIT_VERSION="$K8S_GIT_VERSION" KUBE_GIT_TREE_STATE=clean
         mkdir -p "$GOTMPDIR"
-        nice -n 10 make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
+        nice -n 10 make WHAT="${KUBE_BINARIES[*]/#/cmd/}"
     )
     log "build finished in $((SECONDS - start))s"
 
     mkdir -p "$BIN_DIR"
     local b src
-    for b in kube-apiserver kube-controller-manager; do
+    for b in "${KUBE_BINARIES[@]}"; do
         src="$(find "$tree/_output" -type f -name "$b" -perm -u+x | head -n1)"
         [ -n "$src" ] || die "built binary $b not found under $tree/_output"
         install -m 0755 "$src" "$BIN_DIR/.$b.tmp"
         mv -f "$BIN_DIR/.$b.tmp" "$BIN_DIR/$b"
     done
     echo "$WANT_STAMP" >"$STAMP"
+}
+
+all_built() {
+    local b
+    for b in "${KUBE_BINARIES[@]}"; do
+        [ -x "$BIN_DIR/$b" ] || return 1
+    done
 }
 
 main() {
@@ -240,9 +159,9 @@ main() {
     [ -x "$etcd_bin" ] || die "etcd binary not found after installing $ETCD_PKG"
     log "etcd: $etcd_bin ($("$etcd_bin" --version 2>/dev/null | head -n1))"
 
-    # 2. kube-apiserver + kube-controller-manager built from Debian source.
+    # 2. The Kubernetes binaries, built from Debian source.
     if [ "${KUBE_FORCE_REBUILD:-0}" != 1 ] &&
-        [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] &&
+        all_built &&
         [ "$(cat "$STAMP" 2>/dev/null || true)" = "$WANT_STAMP" ]; then
         log "using cached binaries in $BIN_DIR"
     else

@@ -1,0 +1,84 @@
+//! The repository's Dockerfile, built with podman into the image the chart runs.
+//!
+//! The Rust stage is not run here: it would be a second cold build of the whole crate inside
+//! the image build (and there is no Rust base image to pull). The Dockerfile's documented
+//! `BINARY=prebuilt` path takes the binary of this test build instead (stripped), and its
+//! runtime stage is built for real, on the bookworm base that `tests/tools/install-node.sh`
+//! made with debootstrap (standing in for `debian:bookworm-slim`, which can't be pulled).
+//!
+//! Images are tagged by the binary's content, so the tests of one run share one build.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use super::cluster::{tool, tool_setting};
+use super::tools::{cache_dir, run};
+
+/// The image's repository (podman's local store; containerd sees the same name).
+pub const REPOSITORY: &str = "localhost/nightshift";
+
+/// podman with this VM's configuration (runc, explicit ulimits; see install-node.sh).
+pub fn podman() -> Command {
+    let mut command = Command::new(tool("node", "PODMAN"));
+    command.env("CONTAINERS_CONF", tool_setting("node", "CONTAINERS_CONF").expect("CONTAINERS_CONF"));
+    command
+}
+
+/// Builds the image from the Dockerfile with this test build's binary and returns its
+/// reference (`localhost/nightshift:t-<hash>`; `build` distinguishes rebuilds of the same
+/// binary, as a new release of the same code would be). Idempotent across tests.
+pub fn build(build: &str) -> String {
+    let binary = Path::new(env!("CARGO_BIN_EXE_nightshift"));
+    let hash = file_sha256(binary);
+    let reference = format!("{REPOSITORY}:t-{}-{build}", &hash[..12]);
+    let cache = cache_dir().join("node");
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock = File::create(cache.join("image.lock")).unwrap();
+    lock.lock().expect("lock the image build");
+    if podman().args(["image", "exists", &reference]).status().is_ok_and(|s| s.success()) {
+        return reference;
+    }
+    let context = tempfile::Builder::new().prefix("nightshift-image-").tempdir().unwrap();
+    run(Command::new("strip").arg("-o").arg(context.path().join("nightshift")).arg(binary));
+    let base = tool_setting("node", "NODE_BASE_IMAGE").expect("NODE_BASE_IMAGE from install-node.sh");
+    let started = std::time::Instant::now();
+    run(podman()
+        .args(["build", "--quiet", "--build-arg", "BINARY=prebuilt"])
+        .args(["--build-arg", &format!("CERTS_IMAGE={base}")])
+        .args(["--build-arg", &format!("RUNTIME_IMAGE={base}")])
+        .args(["--label", &format!("dev.nightshift.test-build={build}")])
+        .arg("-f")
+        .arg(repo_root().join("Dockerfile"))
+        .args(["-t", &reference])
+        .arg(context.path()));
+    eprintln!("[image] built {reference} in {:.1?}", started.elapsed());
+    reference
+}
+
+/// The image's size in bytes, as podman reports it.
+pub fn size(reference: &str) -> u64 {
+    run(podman().args(["image", "inspect", "--format", "{{.Size}}", reference])).trim().parse().expect("image size")
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn file_sha256(path: &Path) -> String {
+    let mut file = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    hex::encode(hasher.finalize())
+}

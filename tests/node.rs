@@ -1,0 +1,371 @@
+//! The deployment path as a user takes it, on a real node: the image built from the
+//! Dockerfile, `helm install` of the chart with its default security settings, the api,
+//! the controller and the worker Jobs as real pods (containerd, runc, CNI, kube-proxy), S3
+//! served by s3s-fs on the host, and the official OpenAI SDK reaching the api through its
+//! Service's ClusterIP. Then the faults a cluster brings: a worker container killed
+//! mid-shard, the leading controller's pod deleted mid-batch, `helm upgrade` to a rebuilt
+//! image mid-batch, and removal as docs/kubernetes.md describes it.
+//!
+//! One test, in phases, on one node: a node takes about half a minute to start and the
+//! phases build on one installation, as a user's do. A failing phase prints the node's
+//! component logs and every pod's log.
+//!
+//! Needs the control plane and node binaries (tests/tools/install-kube.sh), the node's
+//! runtime and images (tests/tools/install-node.sh), helm, s3s-fs and the SDK's venv;
+//! `tests/run` installs them all.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{ClusterOptions, TestCluster, eventually};
+use common::image;
+use common::node::{NODE_NAME, POD_CIDR, RealNode, host_address};
+use common::tools::{helm, kubectl_bin, run};
+use common::upstream::MockUpstream;
+use common::{KEY, PROJECT, TestS3};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use nightshift::k8s::crd::{BATCH_LABEL, resource_name};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const NS: &str = "nightshift";
+const RELEASE: &str = "nightshift";
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/nightshift");
+const SDK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py");
+/// Lines per shard (one Job each) and the upstream's concurrency per worker pod.
+const SHARD_LINES: usize = 10;
+const CONCURRENCY: u64 = 2;
+
+/// Everything of one installation; fields drop in order, so the node's containers stop
+/// before its control plane.
+struct Installation {
+    node: RealNode,
+    cluster: TestCluster,
+    _s3: TestS3,
+    upstream: MockUpstream,
+    helm_home: TempDir,
+    values: std::path::PathBuf,
+    api_url: String,
+}
+
+impl Installation {
+    async fn start(image: &str) -> Installation {
+        let host = host_address();
+        let cluster = TestCluster::start_with(ClusterOptions::for_real_node(host)).await;
+        let node = RealNode::start(&cluster, host).await;
+        node.load_images(&[image]);
+        let s3 = TestS3::start_on(host);
+        let upstream = MockUpstream::start_on(host).await;
+        cluster.create_namespace(NS).await;
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta { name: Some("nightshift-s3".into()), ..Default::default() },
+            string_data: Some(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_owned(), common::S3_ACCESS_KEY.to_owned()),
+                    ("AWS_SECRET_ACCESS_KEY".to_owned(), common::S3_SECRET_KEY.to_owned()),
+                ]
+                .into(),
+            ),
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(cluster.client().await, NS).create(&PostParams::default(), &secret).await.unwrap();
+
+        let helm_home = TempDir::new().unwrap();
+        let values = helm_home.path().join("values.yaml");
+        let (repository, tag) = image.rsplit_once(':').unwrap();
+        let values_json = json!({
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+            "storage": {"s3": {
+                "bucket": s3.bucket, "endpoint": s3.endpoint, "pathStyle": true,
+                "credentials": {"existingSecret": "nightshift-s3"},
+            }},
+            "upstreams": [{"name": "mock", "base_url": upstream.base_url, "models": ["mock-*"],
+                           "max_concurrency": CONCURRENCY}],
+            "projects": [{"name": "demo", "id": PROJECT,
+                          "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(KEY))}]}],
+            "config": {"batches": {"shard_lines": SHARD_LINES, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
+            "controller": {"replicas": 2, "leaseSeconds": 5},
+        });
+        std::fs::write(&values, serde_json::to_string(&values_json).unwrap()).unwrap();
+        let mut installation =
+            Installation { node, cluster, _s3: s3, upstream, helm_home, values, api_url: String::new() };
+        let started = Instant::now();
+        installation.helm(&["install", RELEASE, CHART, "-f", installation.values.to_str().unwrap(), "--wait"]);
+        eprintln!("[node] helm install --wait: ready in {:.1?}", started.elapsed());
+        let ip = installation.kubectl(&["get", "svc", "nightshift-api", "-o", "jsonpath={.spec.clusterIP}"]);
+        installation.api_url = format!("http://{ip}:80");
+        installation
+    }
+
+    fn helm(&self, args: &[&str]) -> String {
+        let kubeconfig = self.cluster.kubeconfig_path().to_str().unwrap().to_owned();
+        run(helm(self.helm_home.path()).args(args).args([
+            "--namespace",
+            NS,
+            "--kubeconfig",
+            &kubeconfig,
+            "--timeout",
+            "5m0s",
+        ]))
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        run(Command::new(kubectl_bin())
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig_path())
+            .args(["--namespace", NS])
+            .args(args))
+    }
+
+    async fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.cluster.client().await, NS)
+    }
+
+    async fn pods(&self, labels: &str) -> Vec<Pod> {
+        self.api::<Pod>().await.list(&ListParams::default().labels(labels)).await.unwrap().items
+    }
+
+    /// The SDK script in a thread: upload, create, wait, download (tests/e2e/operator_sdk.py).
+    fn sdk(&self, lines: usize, env: &[(&str, &str)]) -> std::thread::JoinHandle<Vec<Value>> {
+        let mut command = Command::new(common::tools::python());
+        command
+            .arg(SDK_SCRIPT)
+            .env("NIGHTSHIFT_URL", &self.api_url)
+            .env("NIGHTSHIFT_PROJECT_ID", PROJECT)
+            .env("NIGHTSHIFT_API_KEY", KEY)
+            .env("LINES", lines.to_string())
+            .env("TIMEOUT", "240")
+            .envs(env.iter().copied());
+        std::thread::spawn(move || {
+            let output = command.output().unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(
+                output.status.success(),
+                "the SDK script failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+        })
+    }
+
+    /// Prints every pod's log of the namespace (for a failed phase).
+    fn print_pod_logs(&self) {
+        let Ok(out) = Command::new(kubectl_bin())
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig_path())
+            .args(["--namespace", NS, "get", "pods", "-o", "name"])
+            .output()
+        else {
+            return;
+        };
+        for pod in String::from_utf8_lossy(&out.stdout).lines() {
+            let logs = Command::new(kubectl_bin())
+                .arg("--kubeconfig")
+                .arg(self.cluster.kubeconfig_path())
+                .args(["--namespace", NS, "logs", "--tail=30", pod])
+                .output();
+            if let Ok(logs) = logs {
+                eprintln!(
+                    "===== {pod} =====\n{}{}",
+                    String::from_utf8_lossy(&logs.stdout),
+                    String::from_utf8_lossy(&logs.stderr)
+                );
+            }
+        }
+        if let Ok(out) = Command::new(kubectl_bin())
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig_path())
+            .args(["--namespace", NS, "get", "events", "--sort-by=.lastTimestamp"])
+            .output()
+        {
+            eprintln!("===== events =====\n{}", String::from_utf8_lossy(&out.stdout));
+        }
+    }
+}
+
+impl Drop for Installation {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_pod_logs();
+        }
+    }
+}
+
+/// The SDK's last line: the batch completed, every input line is in the output exactly
+/// once, answered by the upstream.
+fn check_results(lines: &[Value], expected: usize) {
+    let finished = lines.last().expect("the SDK printed nothing");
+    assert_eq!(finished["event"], "finished", "{finished}");
+    assert_eq!(finished["status"], "completed", "{finished}");
+    let output = finished["output"].as_array().unwrap();
+    let ids: HashSet<&str> = output.iter().map(|r| r["custom_id"].as_str().unwrap()).collect();
+    let wanted: HashSet<String> = (0..expected).map(|n| format!("line-{n}")).collect();
+    assert_eq!(ids.len(), output.len(), "no line twice in the output");
+    assert_eq!(ids, wanted.iter().map(String::as_str).collect(), "every input line in the output");
+    assert_eq!(finished["counts"], json!({"total": expected, "completed": expected, "failed": 0}));
+    for record in output {
+        let id = record["custom_id"].as_str().unwrap();
+        assert_eq!(record["response"]["status_code"], 200, "{record}");
+        assert_eq!(record["response"]["body"]["choices"][0]["message"]["content"], format!("answer to {id}"));
+    }
+}
+
+fn batch_id(lines: &[Value]) -> String {
+    lines.first().and_then(|l| l["id"].as_str()).expect("the SDK printed the batch id").to_owned()
+}
+
+/// The label selector of a batch's Jobs and worker pods.
+fn batch_selector(batch: &str) -> String {
+    let id = nightshift::ids::BatchId::parse(batch).expect("a batch id");
+    format!("{BATCH_LABEL}={}", resource_name(&id))
+}
+
+fn in_pod_cidr(ip: &str) -> bool {
+    let prefix = POD_CIDR.rsplit_once('.').unwrap().0;
+    ip.starts_with(&format!("{prefix}."))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_faults() {
+    let image = image::build("1");
+    let installation = Installation::start(&image).await;
+    let upstream = &installation.upstream;
+
+    // -- 1. A batch through the SDK: real worker Job pods, output checked line by line.
+    let lines = tokio::task::block_in_place(|| installation.sdk(30, &[("MODEL", "mock-a")]).join().unwrap());
+    check_results(&lines, 30);
+    let batch = batch_id(&lines);
+    let jobs = installation.api::<Job>().await.list(&ListParams::default().labels(&batch_selector(&batch))).await;
+    assert_eq!(jobs.unwrap().items.len(), 3, "one Job per shard of {SHARD_LINES} lines");
+    let workers = installation.pods(&batch_selector(&batch)).await;
+    assert_eq!(workers.len(), 3, "one pod per Job, none retried");
+    for pod in &workers {
+        let spec = pod.spec.as_ref().unwrap();
+        let status = pod.status.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(NODE_NAME), "scheduled onto the real node");
+        assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+        assert!(in_pod_cidr(status.pod_ip.as_deref().unwrap_or("")), "a CNI address: {:?}", status.pod_ip);
+        let container = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(container.image, image, "the worker ran the built image");
+        assert!(container.container_id.as_deref().unwrap_or("").starts_with("containerd://"));
+        // No Kubernetes credentials in a worker: no token volume was mounted.
+        let mounts = spec.containers[0].volume_mounts.clone().unwrap_or_default();
+        assert!(mounts.iter().all(|m| !m.mount_path.starts_with("/var/run/secrets/kubernetes.io")), "{mounts:?}");
+    }
+    // The kubelet serves logs through the API server.
+    let worker_log = installation.kubectl(&["logs", &workers[0].name_any()]);
+    assert!(!worker_log.is_empty(), "a worker pod's log is readable through kubectl");
+    for pod in installation.pods("app.kubernetes.io/component in (api,controller)").await {
+        let status = pod.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Running"), "{}", pod.name_any());
+        assert!(status.container_statuses.as_ref().unwrap()[0].ready, "{} is ready", pod.name_any());
+    }
+
+    // -- 2. A worker container killed mid-shard: the Job's next pod resumes the shard.
+    upstream.delay(Duration::from_millis(600));
+    let calls_before = upstream.total_calls();
+    let per_line_before = upstream.all_calls();
+    let sdk = installation.sdk(20, &[("MODEL", "mock-b")]);
+    let (victim, in_flight_at_kill) = eventually("a worker pod in the middle of its shard", 120, || async {
+        let done = upstream.total_calls() - calls_before;
+        if done < 3 {
+            return None;
+        }
+        let pods = installation.pods(BATCH_LABEL).await;
+        let pod = pods.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))?;
+        let id = pod.status.as_ref()?.container_statuses.as_ref()?[0].container_id.clone()?;
+        let id = id.strip_prefix("containerd://")?.to_owned();
+        let in_flight = upstream.in_flight();
+        installation.node.kill_container(&id);
+        Some((pod, in_flight))
+    })
+    .await;
+    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
+    check_results(&lines, 20);
+    let job_name = victim.labels().get("job-name").unwrap().clone();
+    let job = installation.api::<Job>().await.get(&job_name).await.unwrap();
+    let status = job.status.unwrap();
+    assert_eq!((status.failed, status.succeeded), (Some(1), Some(1)), "the killed pod failed, the next one finished");
+    // The batches of every phase use the custom_ids line-0, line-1, ...: count this one's calls.
+    let resent: u32 = upstream
+        .all_calls()
+        .iter()
+        .map(|(line, calls)| (calls - per_line_before.get(line).copied().unwrap_or(0)).saturating_sub(1))
+        .sum();
+    eprintln!("[node] killed a worker with {in_flight_at_kill} requests in flight; {resent} requests were sent again");
+    // Re-sent: at most what was in flight, plus what finished within one checkpoint
+    // interval before the kill (at most the worker's concurrency here).
+    assert!(resent as u64 <= in_flight_at_kill + CONCURRENCY, "{resent} lines sent again");
+
+    // -- 3. The leading controller's pod deleted mid-batch: the other replica finishes.
+    upstream.delay(Duration::from_millis(300));
+    let calls_before = upstream.total_calls();
+    let sdk = installation.sdk(30, &[("MODEL", "mock-c")]);
+    eventually("the batch under way", 120, || async { (upstream.total_calls() - calls_before >= 3).then_some(()) })
+        .await;
+    let leases = installation.api::<Lease>().await;
+    let leader = leases.get("nightshift-controller").await.unwrap().spec.unwrap().holder_identity.unwrap();
+    installation.kubectl(&["delete", "pod", &leader, "--wait=false"]);
+    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
+    check_results(&lines, 30);
+    let new_leader = leases.get("nightshift-controller").await.unwrap().spec.unwrap().holder_identity.unwrap();
+    assert_ne!(new_leader, leader, "another controller pod leads");
+
+    // -- 4. helm upgrade to a rebuilt image mid-batch.
+    let rebuilt = image::build("2");
+    assert_ne!(rebuilt, image);
+    installation.node.load_images(&[&rebuilt]);
+    let calls_before = upstream.total_calls();
+    let sdk = installation.sdk(40, &[("MODEL", "mock-d")]);
+    eventually("the batch under way", 120, || async { (upstream.total_calls() - calls_before >= 3).then_some(()) })
+        .await;
+    let tag = rebuilt.rsplit_once(':').unwrap().1;
+    installation.helm(&[
+        "upgrade",
+        RELEASE,
+        CHART,
+        "-f",
+        installation.values.to_str().unwrap(),
+        "--set",
+        &format!("image.tag={tag}"),
+        "--wait",
+    ]);
+    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
+    check_results(&lines, 40);
+    eventually("every api and controller pod on the rebuilt image", 120, || async {
+        let pods = installation.pods("app.kubernetes.io/component in (api,controller)").await;
+        let rolled = pods.iter().all(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|c| c[0].image == rebuilt && c[0].ready)
+        });
+        (rolled && pods.len() == 4).then_some(())
+    })
+    .await;
+
+    // -- 5. Removal as docs/kubernetes.md says: Batches first (the controller cleans up
+    // their Jobs and shard data), then helm uninstall: no pods and no Jobs are left.
+    installation.kubectl(&["delete", "batches", "--all", "--timeout=120s"]);
+    installation.helm(&["uninstall", RELEASE]);
+    eventually("no pods and no Jobs left", 120, || async {
+        let pods = installation.api::<Pod>().await.list(&ListParams::default()).await.ok()?.items;
+        let jobs = installation.api::<Job>().await.list(&ListParams::default()).await.ok()?.items;
+        (pods.is_empty() && jobs.is_empty()).then_some(())
+    })
+    .await;
+    let leftover = installation.node.ctr(&["containers", "list", "--quiet"]).unwrap();
+    eprintln!("[node] containers left in containerd after uninstall: {}", leftover.lines().count());
+}
