@@ -14,6 +14,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dev;
+pub mod drive;
 pub mod duration;
 pub mod exec;
 pub mod files;

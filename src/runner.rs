@@ -1,25 +1,22 @@
-//! The embedded driver of `nightshift serve`: a loop that reconciles every
-//! unfinished batch, acting on the pure decisions of [`crate::reconcile`] with
-//! in-process workers. On Kubernetes the controller makes the same decisions and
-//! acts with Jobs instead.
+//! The embedded runtime of `nightshift serve`: a loop that drives every unfinished batch
+//! ([`crate::drive`]) with workers as tasks of this process and the batch documents in
+//! the embedded store. On Kubernetes the controller drives the same way with Jobs.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::batches::{Batch, BatchStore, EmbeddedBatchStore, Ending, ReservedFiles};
-use crate::clock;
-use crate::exec::checkpoint::ShardLedger;
-use crate::exec::drain::drain_shard;
-use crate::exec::finalize::finalize;
+use crate::batches::{Batch, BatchState, BatchStore, EmbeddedBatchStore};
+use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::worker::{ShardExit, run_shard};
-use crate::exec::{ExecContext, ExecError, failure};
+use crate::exec::{ExecContext, ExecError};
 use crate::ids::{BatchId, FileId};
-use crate::reconcile::{Action, ShardProgress, decide, finished};
+use crate::validate::Shard;
 
 struct Worker {
     stop: CancellationToken,
@@ -84,85 +81,70 @@ impl Runner {
         }
     }
 
-    fn running(&self, batch: &BatchId) -> BTreeSet<u32> {
-        let mut workers = self.workers.lock().expect("workers");
-        workers.retain(|_, worker| !worker.handle.is_finished());
-        workers.keys().filter(|(b, _)| b == batch).map(|(_, shard)| *shard).collect()
-    }
-
     fn running_total(&self) -> usize {
         self.workers.lock().expect("workers").values().filter(|w| !w.handle.is_finished()).count()
     }
 
-    async fn ledgers(&self, batch: &Batch) -> Result<Vec<ShardLedger>, ExecError> {
-        let mut ledgers = Vec::with_capacity(batch.spec.plan.shards.len());
-        for shard in &batch.spec.plan.shards {
-            let ledger = self
-                .exec
-                .checkpoints
-                .ledger(self.exec.store.as_ref(), &batch.spec.id, shard.index, shard.requests)
-                .await?;
-            ledgers.push(ledger);
+    async fn reconcile(&self, batch: Batch) -> Result<(), ExecError> {
+        if drive(self, &self.exec, batch).await? == Next::Now {
+            self.wake.notify_one();
         }
-        Ok(ledgers)
+        Ok(())
+    }
+}
+
+/// Workers are tasks of this process; the batch document is in the embedded store.
+#[async_trait]
+impl Runtime for Runner {
+    type Error = ExecError;
+
+    async fn workers(&self, batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ExecError> {
+        // A finished task is forgotten: its shard is idle, and runs again if incomplete.
+        let mut workers = self.workers.lock().expect("workers");
+        workers.retain(|_, worker| !worker.handle.is_finished());
+        let ours = workers.keys().filter(|(b, _)| *b == batch.spec.id);
+        Ok(ours.map(|(_, shard)| (*shard, WorkerPhase::Running)).collect())
     }
 
-    async fn reconcile(&self, batch: Batch) -> Result<(), ExecError> {
-        // Which workers run is read before their checkpoints: a worker that ends in
-        // between is then taken as still running (wait a tick), never as stopped with
-        // its last chunk unseen (which a drain would then contradict).
-        let running = self.running(&batch.spec.id);
-        let ledgers = self.ledgers(&batch).await?;
-        let progress: Vec<ShardProgress> = batch
-            .spec
-            .plan
-            .shards
-            .iter()
-            .zip(&ledgers)
-            .map(|(shard, ledger)| ShardProgress {
-                requests: shard.requests,
-                completed: ledger.completed,
-                failed: ledger.failed,
-                usage: ledger.usage,
-            })
-            .collect();
-        let decision = decide(&batch, &progress, &running, clock::now());
-        self.exec.quota.observe(&batch.spec.project_id, &batch.spec.id, decision.state.usage.total_tokens);
-        let Some(batch) = self.save(&batch, decision.state).await? else { return Ok(()) };
+    fn free_slots(&self) -> Option<usize> {
+        Some(self.max_running_shards.saturating_sub(self.running_total()))
+    }
 
-        match decision.action {
-            Action::Wait => {}
-            Action::Run(shards) => {
-                let free = self.max_running_shards.saturating_sub(self.running_total());
-                for index in shards.into_iter().take(free) {
-                    self.start(&batch, index);
-                }
+    async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ExecError> {
+        let stop = CancellationToken::new();
+        let (exec, spec, shard, token) = (self.exec.clone(), batch.spec.clone(), shard.clone(), stop.clone());
+        let index = shard.index;
+        let wake = self.wake.clone();
+        let handle = tokio::spawn(async move {
+            let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await;
+            let result = match ledger {
+                Ok(ledger) => run_shard(&exec, &spec, &shard, &ledger, token).await,
+                Err(error) => Err(error.into()),
+            };
+            match result {
+                Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),
+                Ok(ShardExit::Stopped) => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped"),
+                Err(error) => tracing::warn!(batch = %spec.id, shard = shard.index, %error, "shard worker failed"),
             }
-            Action::Stop => {
-                let workers = self.workers.lock().expect("workers");
-                for ((_, _), worker) in workers.iter().filter(|((b, _), _)| *b == batch.spec.id) {
-                    worker.stop.cancel();
-                }
-            }
-            Action::Drain(ending) => {
-                let reason = if ending == Ending::Expired { failure::expired() } else { failure::cancelled() };
-                for (shard, ledger) in batch.spec.plan.shards.iter().zip(&ledgers) {
-                    drain_shard(&self.exec, &batch.spec, shard, ledger, &reason).await?;
-                }
-                self.wake.notify_one();
-            }
-            Action::Finalize(ending) => self.finalize(batch, &ledgers, ending).await?,
+            wake.notify_one();
+        });
+        self.workers.lock().expect("workers").insert((batch.spec.id.clone(), index), Worker { stop, handle });
+        Ok(())
+    }
+
+    async fn stop(&self, batch: &Batch, shard: u32) -> Result<(), ExecError> {
+        if let Some(worker) = self.workers.lock().expect("workers").get(&(batch.spec.id.clone(), shard)) {
+            worker.stop.cancel();
         }
         Ok(())
     }
 
-    /// Writes `state` unless the batch's status moved on since it was read (a cancel
-    /// came in): then the next tick decides again from the new state. Returns the
-    /// batch as stored, or `None` when it moved on.
-    async fn save(&self, read: &Batch, state: crate::batches::BatchState) -> Result<Option<Batch>, ExecError> {
-        if state == read.state {
-            return Ok(Some(read.clone()));
-        }
+    async fn retire(&self, _batch: &Batch, _shard: u32) -> Result<(), ExecError> {
+        // A task that failed is gone already (see `workers`).
+        Ok(())
+    }
+
+    async fn save(&self, read: &Batch, state: BatchState) -> Result<Option<Batch>, ExecError> {
         let status = read.state.status;
         let result = self
             .batches
@@ -181,53 +163,16 @@ impl Runner {
         }
     }
 
-    fn start(&self, batch: &Batch, index: u32) {
-        let Some(shard) = batch.spec.plan.shards.iter().find(|s| s.index == index).cloned() else { return };
-        let stop = CancellationToken::new();
-        let (exec, spec, token) = (self.exec.clone(), batch.spec.clone(), stop.clone());
-        let wake = self.wake.clone();
-        let handle = tokio::spawn(async move {
-            let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await;
-            let result = match ledger {
-                Ok(ledger) => run_shard(&exec, &spec, &shard, &ledger, token).await,
-                Err(error) => Err(error.into()),
-            };
-            match result {
-                Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),
-                Ok(ShardExit::Stopped) => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped"),
-                Err(error) => tracing::warn!(batch = %spec.id, shard = shard.index, %error, "shard worker failed"),
-            }
-            wake.notify_one();
-        });
-        self.workers.lock().expect("workers").insert((batch.spec.id.clone(), index), Worker { stop, handle });
-    }
-
-    async fn finalize(&self, batch: Batch, ledgers: &[ShardLedger], ending: Ending) -> Result<(), ExecError> {
-        // Reserve the files' ids durably first, so a finalize run again writes the same files.
-        let batch = match &batch.state.reserved_files {
-            Some(_) => batch,
-            None => {
-                let mut state = batch.state.clone();
-                state.reserved_files = Some(ReservedFiles { output: FileId::generate(), error: FileId::generate() });
-                match self.save(&batch, state).await? {
-                    Some(batch) => batch,
-                    None => return Ok(()),
-                }
-            }
-        };
-        let reserved = batch.state.reserved_files.clone().expect("reserved above");
-        let files = finalize(&self.exec, &batch.spec, ledgers, &reserved).await?;
-        let state = finished(&batch.state, ending, &files, clock::now());
-        if let Some(done) = self.save(&batch, state).await? {
-            tracing::info!(
-                batch = %done.spec.id,
-                status = done.state.status.as_str(),
-                completed = done.state.request_counts.completed,
-                failed = done.state.request_counts.failed,
+    async fn tell(&self, batch: &Batch, news: News) {
+        match news {
+            News::Finished => tracing::info!(
+                batch = %batch.spec.id,
+                status = batch.state.status.as_str(),
+                completed = batch.state.request_counts.completed,
+                failed = batch.state.request_counts.failed,
                 "batch finished"
-            );
-            self.exec.checkpoints.forget(&done.spec.id);
+            ),
+            other => tracing::debug!(batch = %batch.spec.id, news = ?other, "batch"),
         }
-        Ok(())
     }
 }

@@ -5,6 +5,7 @@
 pub mod backoff;
 pub mod call;
 pub mod checkpoint;
+pub mod classify;
 pub mod drain;
 pub mod failure;
 pub mod finalize;

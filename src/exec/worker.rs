@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::call::{LineOutcome, call_upstream, echo};
 use super::checkpoint::{ChunkWriter, ShardLedger};
-use super::failure::{self, LineFailure};
-use super::input::{RequestLines, parse_request};
+use super::classify::{Step, classify};
+use super::failure;
+use super::input::RequestLines;
 use super::records::{error_line, line_id, write_output_line};
-use super::upstream::Route;
 use super::{ExecContext, ExecError};
 use crate::batches::BatchSpec;
 use crate::clock;
@@ -73,11 +73,9 @@ pub async fn run_shard(
     }
     let mut writer = ChunkWriter::new(ctx.store.clone(), spec.id.clone(), shard.index, ledger.next_seq());
     let range = shard.byte_start..shard.byte_end;
-    let mut lines = RequestLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
+    let mut input = NumberedLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
     let expiry = deadline_at(spec.expires_at);
 
-    let mut next_index: u32 = 0;
-    let mut input_done = false;
     let mut ready: Option<Ready> = None;
     let mut in_flight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
     let mut dispatching = true;
@@ -89,43 +87,16 @@ pub async fn run_shard(
     loop {
         // Read ahead to the next request that has no record yet, settling at once
         // those that need no upstream.
-        while dispatching && ready.is_none() && !input_done {
-            let Some(line) = lines.next_line().await? else {
-                input_done = true;
-                break;
-            };
-            let index = next_index;
-            next_index += 1;
-            if ledger.recorded.get(index as usize).copied().unwrap_or(true) {
-                continue;
-            }
-            let Some(request) = parse_request(&line) else {
-                let failure = LineFailure {
-                    code: failure::FailureCode::InvalidRequestError,
-                    message: "[legacy:http_400] The input line can no longer be read as a request".into(),
-                    param: None,
-                };
-                record(
-                    ctx,
-                    spec,
-                    shard,
-                    &mut writer,
-                    index,
-                    &super::input::custom_id(&line),
-                    LineOutcome::Failure(failure),
-                );
-                continue;
-            };
-            let upstream = match ctx.upstreams.route(&request.model) {
-                Route::Upstream(position) => Some(position),
-                Route::Echo => None,
-                Route::Unserved => {
-                    let outcome = LineOutcome::Failure(failure::no_upstream(&request.model));
-                    record(ctx, spec, shard, &mut writer, index, &request.custom_id, outcome);
-                    continue;
+        while dispatching && ready.is_none() {
+            let Some((index, line)) = input.next().await? else { break };
+            let recorded = ledger.recorded.get(index as usize).copied().unwrap_or(true);
+            match classify(&line, recorded, |model| ctx.upstreams.route(model)) {
+                Step::Recorded => {}
+                Step::Settle { custom_id, failure } => {
+                    record(ctx, spec, shard, &mut writer, index, &custom_id, LineOutcome::Failure(failure));
                 }
-            };
-            ready = Some(Ready { index, custom_id: request.custom_id, upstream, body: request.body });
+                Step::Send { custom_id, upstream, body } => ready = Some(Ready { index, custom_id, upstream, body }),
+            }
         }
         if writer.pending() >= MAX_CHUNK_RECORDS || writer.pending_bytes() >= MAX_CHUNK_BYTES {
             writer.commit().await?;
@@ -181,7 +152,36 @@ pub async fn run_shard(
         }
     }
     writer.commit().await?;
-    Ok(if dispatching && input_done && in_flight.is_empty() { ShardExit::Finished } else { ShardExit::Stopped })
+    Ok(if dispatching && input.done && in_flight.is_empty() { ShardExit::Finished } else { ShardExit::Stopped })
+}
+
+/// The shard's lines, numbered from 0 as its ledger counts them.
+struct NumberedLines {
+    lines: RequestLines,
+    next: u32,
+    done: bool,
+}
+
+impl NumberedLines {
+    fn new(stream: crate::storage::ByteStream) -> Self {
+        Self { lines: RequestLines::new(stream), next: 0, done: false }
+    }
+
+    async fn next(&mut self) -> Result<Option<(u32, bytes::Bytes)>, ExecError> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.lines.next_line().await? {
+            Some(line) => {
+                self.next += 1;
+                Ok(Some((self.next - 1, line)))
+            }
+            None => {
+                self.done = true;
+                Ok(None)
+            }
+        }
+    }
 }
 
 fn deadline_at(expires_at: i64) -> Instant {

@@ -1,13 +1,14 @@
-//! The Batch controller: a kube-runtime Controller that drives every Batch through
-//! its lifecycle by the pure decisions of [`crate::reconcile`], acting with one Job
-//! per shard. Status is written with server-side apply under one field manager,
+//! The Batch controller: a kube-runtime Controller that drives every Batch through its
+//! lifecycle with the one driver ([`crate::drive`]), as the runtime whose workers are
+//! one Job per shard. Status is written with server-side apply under one field manager,
 //! guarded by the resourceVersion it was decided from, so a cancel written by the API
 //! in between is never overwritten.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -20,17 +21,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
-use super::jobs::{JobPhase, job_phase, job_shard, shard_job};
+use super::jobs::{job_shard, job_workers, shard_job};
 use super::store::to_batch;
-use crate::batches::{Batch, BatchState, Ending, ReservedFiles};
+use crate::batches::{Batch, BatchState};
 use crate::clock;
 use crate::config::WorkerTemplate;
-use crate::exec::checkpoint::ShardLedger;
-use crate::exec::drain::drain_shard;
-use crate::exec::finalize::finalize;
-use crate::exec::{ExecContext, ExecError, failure};
-use crate::ids::FileId;
-use crate::reconcile::{self as decisions, ShardProgress};
+use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
+use crate::exec::{ExecContext, ExecError};
+use crate::validate::Shard;
 
 pub const FIELD_MANAGER: &str = "nightshift-controller";
 /// Removes a Batch's shard data from object storage before the Batch goes.
@@ -201,141 +199,121 @@ fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Co
     Action::requeue(Duration::from_secs(5))
 }
 
-fn ledger_progress(batch: &Batch, ledgers: &[ShardLedger]) -> Vec<ShardProgress> {
-    batch
-        .spec
-        .plan
-        .shards
-        .iter()
-        .zip(ledgers)
-        .map(|(shard, ledger)| ShardProgress {
-            requests: shard.requests,
-            completed: ledger.completed,
-            failed: ledger.failed,
-            usage: ledger.usage,
-        })
-        .collect()
-}
-
 async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
     if resource.status.is_none() {
         // The API writes the first status right after creating the resource.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let batch = to_batch(resource);
-    if batch.state.status.is_terminal() {
-        return Ok(Action::await_change());
-    }
     let name = resource.name_any();
-    let jobs: Vec<Arc<Job>> =
-        ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
-    // Jobs are read before checkpoints: a Job that ends in between counts as running.
-    let running: BTreeSet<u32> =
-        jobs.iter().filter(|job| job_phase(job) == JobPhase::Running).filter_map(|job| job_shard(job)).collect();
-    let mut ledgers = Vec::with_capacity(batch.spec.plan.shards.len());
-    for shard in &batch.spec.plan.shards {
-        ledgers.push(
-            ctx.exec.checkpoints.ledger(ctx.exec.store.as_ref(), &batch.spec.id, shard.index, shard.requests).await?,
-        );
-    }
-    let now = clock::now();
-    let decision = decisions::decide(&batch, &ledger_progress(&batch, &ledgers), &running, now);
-    if decision.state != batch.state && !write_status(resource, &decision.state, ctx).await? {
-        return Ok(Action::requeue(Duration::ZERO));
-    }
-    if decision.state.status != batch.state.status {
-        ctx.event(
-            resource,
-            "StatusChanged",
-            format!("{} → {}", batch.state.status.as_str(), decision.state.status.as_str()),
-        )
-        .await;
-    }
-    let batch = Batch { state: decision.state, ..batch };
-
-    match decision.action {
-        decisions::Action::Wait => {}
-        decisions::Action::Run(shards) => {
-            let quota_left = quota_left(ctx, &batch);
-            for index in shards {
-                let Some(shard) = batch.spec.plan.shards.iter().find(|s| s.index == index) else { continue };
-                // A shard whose Job gave up (backoffLimit) gets a fresh Job, after a pause.
-                if let Some(failed) =
-                    jobs.iter().find(|j| job_shard(j) == Some(index) && job_phase(j) == JobPhase::Failed)
-                {
-                    delete_job(ctx, &failed.name_any()).await?;
-                    ctx.event(resource, "ShardRetried", format!("the Job of shard {index} failed; starting it again"))
-                        .await;
-                    continue;
-                }
-                if jobs.iter().any(|j| job_shard(j) == Some(index)) {
-                    continue;
-                }
-                let job = shard_job(resource, shard, &ctx.worker, quota_left);
-                match ctx.jobs_api().create(&PostParams::default(), &job).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 409 => {}
-                    Err(error) => return Err(error.into()),
-                }
-            }
+    let jobs = ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
+    let runtime = KubeRuntime { ctx, resource: Mutex::new(Arc::new(resource.clone())), jobs };
+    let expires_at = batch.spec.expires_at;
+    Ok(match drive(&runtime, &ctx.exec, batch).await? {
+        Next::Now => Action::requeue(Duration::ZERO),
+        Next::Shortly => Action::requeue(Duration::from_secs(1)),
+        Next::AtPace => {
+            let until_expiry = Duration::from_secs((expires_at - clock::now()).max(0) as u64);
+            Action::requeue(PROGRESS_REQUEUE.min(until_expiry + Duration::from_millis(100)))
         }
-        decisions::Action::Stop => {
-            for job in jobs.iter().filter(|job| job_phase(job) == JobPhase::Running) {
-                delete_job(ctx, &job.name_any()).await?;
-            }
-            ctx.event(resource, "Stopping", "stopping the batch's workers".into()).await;
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        }
-        decisions::Action::Drain(ending) => {
-            let reason = if ending == Ending::Expired { failure::expired() } else { failure::cancelled() };
-            for (shard, ledger) in batch.spec.plan.shards.iter().zip(&ledgers) {
-                drain_shard(&ctx.exec, &batch.spec, shard, ledger, &reason).await?;
-            }
-            return Ok(Action::requeue(Duration::ZERO));
-        }
-        decisions::Action::Finalize(ending) => {
-            finalize_batch(resource, &batch, &ledgers, ending, ctx).await?;
-            return Ok(Action::requeue(Duration::ZERO));
-        }
-    }
-    let until_expiry = Duration::from_secs((batch.spec.expires_at - now).max(0) as u64);
-    Ok(Action::requeue(PROGRESS_REQUEUE.min(until_expiry + Duration::from_millis(100))))
+        Next::Done => Action::await_change(),
+    })
 }
 
-async fn finalize_batch(
-    resource: &BatchResource,
-    batch: &Batch,
-    ledgers: &[ShardLedger],
-    ending: Ending,
-    ctx: &Context,
-) -> Result<(), ControllerError> {
-    let Some(reserved) = batch.state.reserved_files.clone() else {
-        // Reserve the files' ids durably first: a finalize run again writes the same files.
-        let mut state = batch.state.clone();
-        state.reserved_files = Some(ReservedFiles { output: FileId::generate(), error: FileId::generate() });
-        write_status(resource, &state, ctx).await?;
-        return Ok(());
-    };
-    let files = finalize(&ctx.exec, &batch.spec, ledgers, &reserved).await?;
-    let state = decisions::finished(&batch.state, ending, &files, clock::now());
-    if write_status(resource, &state, ctx).await? {
-        let counts = state.request_counts;
-        let note = format!(
-            "{}: {} completed, {} failed of {}",
-            state.status.as_str(),
-            counts.completed,
-            counts.failed,
-            counts.total
-        );
-        ctx.event(resource, "Finished", note).await;
-        ctx.exec.checkpoints.forget(&batch.spec.id);
+/// One pass's runtime: the Batch's shard Jobs as the cache had them, and the Batch
+/// resource as last written (its resourceVersion guards the next status write).
+struct KubeRuntime<'a> {
+    ctx: &'a Context,
+    resource: Mutex<Arc<BatchResource>>,
+    jobs: Vec<Arc<Job>>,
+}
+
+impl KubeRuntime<'_> {
+    fn resource(&self) -> Arc<BatchResource> {
+        self.resource.lock().expect("resource").clone()
     }
-    Ok(())
+
+    fn job_of(&self, shard: u32) -> Option<&Arc<Job>> {
+        self.jobs.iter().find(|job| job_shard(job) == Some(shard))
+    }
+}
+
+#[async_trait]
+impl Runtime for KubeRuntime<'_> {
+    type Error = ControllerError;
+
+    async fn workers(&self, _batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ControllerError> {
+        Ok(job_workers(&self.jobs))
+    }
+
+    fn free_slots(&self) -> Option<usize> {
+        None
+    }
+
+    async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ControllerError> {
+        let job = shard_job(&self.resource(), shard, &self.ctx.worker, quota_left(self.ctx, batch));
+        match self.ctx.jobs_api().create(&PostParams::default(), &job).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn stop(&self, _batch: &Batch, shard: u32) -> Result<(), ControllerError> {
+        // Deleting the Job sends its pod SIGTERM: the worker stops dispatching and commits.
+        match self.job_of(shard) {
+            Some(job) => delete_job(self.ctx, &job.name_any()).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn retire(&self, batch: &Batch, shard: u32) -> Result<(), ControllerError> {
+        self.stop(batch, shard).await
+    }
+
+    async fn save(&self, _read: &Batch, state: BatchState) -> Result<Option<Batch>, ControllerError> {
+        let resource = self.resource();
+        match write_status(&resource, &state, self.ctx).await? {
+            Some(written) => {
+                let batch = to_batch(&written);
+                *self.resource.lock().expect("resource") = Arc::new(written);
+                Ok(Some(batch))
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn tell(&self, batch: &Batch, news: News) {
+        let (reason, note) = match news {
+            News::StatusChanged { from, to } => ("StatusChanged", format!("{} → {}", from.as_str(), to.as_str())),
+            News::ShardRetried(shard) => {
+                ("ShardRetried", format!("the Job of shard {shard} failed; starting it again"))
+            }
+            News::Stopping => ("Stopping", "stopping the batch's workers".to_owned()),
+            News::Finished => {
+                let counts = batch.state.request_counts;
+                let note = format!(
+                    "{}: {} completed, {} failed of {}",
+                    batch.state.status.as_str(),
+                    counts.completed,
+                    counts.failed,
+                    counts.total
+                );
+                ("Finished", note)
+            }
+        };
+        self.ctx.event(&self.resource(), reason, note).await;
+    }
 }
 
 /// Applies `state` as the Batch's status, unless the Batch changed since `resource`
-/// was read (then: false, and the next reconcile decides again).
-async fn write_status(resource: &BatchResource, state: &BatchState, ctx: &Context) -> Result<bool, ControllerError> {
+/// was read (then: `None`, and the next reconcile decides again). Returns the Batch as
+/// written.
+async fn write_status(
+    resource: &BatchResource,
+    state: &BatchState,
+    ctx: &Context,
+) -> Result<Option<BatchResource>, ControllerError> {
     let patch = json!({
         "apiVersion": "nightshift.dev/v1alpha1",
         "kind": "Batch",
@@ -344,8 +322,8 @@ async fn write_status(resource: &BatchResource, state: &BatchState, ctx: &Contex
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
     match ctx.batches().patch_status(&resource.name_any(), &params, &Patch::Apply(&patch)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Ok(written) => Ok(Some(written)),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(error) => Err(error.into()),
     }
 }

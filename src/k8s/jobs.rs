@@ -1,5 +1,8 @@
 //! What Job a shard of a Batch runs as, and what a Job's status says. Pure.
 
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use kube::Resource;
@@ -7,6 +10,7 @@ use kube::api::ObjectMeta;
 
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use crate::config::WorkerTemplate;
+use crate::drive::WorkerPhase;
 use crate::validate::Shard;
 
 pub const SHARD_LABEL: &str = "nightshift.dev/shard";
@@ -86,24 +90,22 @@ pub fn shard_job(batch: &BatchResource, shard: &Shard, template: &WorkerTemplate
 }
 
 /// Where a Job stands, from its status conditions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobPhase {
-    Running,
-    Complete,
-    /// Its pods failed more often than `backoffLimit` allows.
-    Failed,
-}
-
-pub fn job_phase(job: &Job) -> JobPhase {
+pub fn job_phase(job: &Job) -> WorkerPhase {
     let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
     let holds = |kind: &str| conditions.is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"));
     if holds("Complete") {
-        JobPhase::Complete
+        WorkerPhase::Succeeded
     } else if holds("Failed") {
-        JobPhase::Failed
+        // Its pods failed more often than `backoffLimit` allows.
+        WorkerPhase::Failed
     } else {
-        JobPhase::Running
+        WorkerPhase::Running
     }
+}
+
+/// The workers that `jobs` (one batch's) stand for, by shard.
+pub fn job_workers<J: Borrow<Job>>(jobs: &[J]) -> BTreeMap<u32, WorkerPhase> {
+    jobs.iter().map(Borrow::borrow).filter_map(|job| Some((job_shard(job)?, job_phase(job)))).collect()
 }
 
 /// The shard a Job runs, from its label.
@@ -164,6 +166,50 @@ mod tests {
             assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
         }
         assert_eq!(job_shard(&job), Some(2));
-        assert_eq!(job_phase(&job), JobPhase::Running);
+        assert_eq!(job_phase(&job), WorkerPhase::Running);
+    }
+
+    fn job_of(shard: u32, conditions: &[(&str, &str)]) -> Job {
+        let shard = Shard { index: shard, first_request: 0, requests: 1, byte_start: 0, byte_end: 1 };
+        let mut job = shard_job(&batch(), &shard, &WorkerTemplate::default(), None);
+        job.status = Some(k8s_openapi::api::batch::v1::JobStatus {
+            conditions: Some(
+                conditions
+                    .iter()
+                    .map(|(kind, status)| k8s_openapi::api::batch::v1::JobCondition {
+                        type_: (*kind).into(),
+                        status: (*status).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        job
+    }
+
+    /// A row: what it shows, the Jobs, the workers they stand for.
+    type Row = (&'static str, Vec<Job>, Vec<(u32, WorkerPhase)>);
+
+    #[test]
+    fn jobs_become_workers_by_their_conditions() {
+        #[rustfmt::skip]
+        let table: Vec<Row> = vec![
+            ("no Jobs, no workers", vec![], vec![]),
+            ("no condition yet: running", vec![job_of(0, &[])], vec![(0, WorkerPhase::Running)]),
+            ("Complete", vec![job_of(1, &[("Complete", "True")])], vec![(1, WorkerPhase::Succeeded)]),
+            ("Failed (backoffLimit)", vec![job_of(2, &[("Failed", "True")])], vec![(2, WorkerPhase::Failed)]),
+            ("a condition that does not hold", vec![job_of(3, &[("Failed", "False")])], vec![(3, WorkerPhase::Running)]),
+            ("several, by shard",
+             vec![job_of(4, &[("Complete", "True")]), job_of(0, &[])],
+             vec![(0, WorkerPhase::Running), (4, WorkerPhase::Succeeded)]),
+        ];
+        for (case, jobs, expected) in table {
+            let workers: Vec<(u32, WorkerPhase)> = job_workers(&jobs).into_iter().collect();
+            assert_eq!(workers, expected, "{case}");
+        }
+        let mut unlabelled = job_of(0, &[]);
+        unlabelled.metadata.labels = None;
+        assert!(job_workers(&[unlabelled]).is_empty(), "a Job without a shard label is not a worker");
     }
 }
