@@ -25,14 +25,19 @@ fn is_id_body(body: &str) -> bool {
 }
 
 macro_rules! prefixed_id {
-    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal, $pattern:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
-        #[serde(transparent)]
+        ///
+        /// Decoding checks it (see `parse`): a hand-made resource or document with a bad id
+        /// fails to decode instead of reaching storage keys.
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
+            /// What the CRD schema lets the API server accept.
+            pub const PATTERN: &'static str = $pattern;
 
             /// A new, time-sortable id.
             pub fn generate() -> Self {
@@ -49,28 +54,59 @@ macro_rules! prefixed_id {
                 f.write_str(&self.0)
             }
         }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(raw: String) -> Result<Self, Self::Error> {
+                Self::parse(&raw).ok_or_else(|| format!("{raw:?} is not a valid {} id", stringify!($name)))
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> Self {
+                id.0
+            }
+        }
+
+        impl schemars::JsonSchema for $name {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({"type": "string", "pattern": $pattern, "maxLength": 110})
+            }
+        }
     };
 }
 
 prefixed_id!(
     /// `file-<ULID>`; legacy `file_<...>` ids stay resolvable (see [`FileId::parse`]).
     FileId,
-    "file-"
+    "file-",
+    "^file[-_][A-Za-z0-9_-]{1,100}$"
 );
 prefixed_id!(
     /// `batch_<ULID>`.
     BatchId,
-    "batch_"
+    "batch_",
+    "^batch_[A-Za-z0-9_-]{1,100}$"
 );
 prefixed_id!(
     /// `batch_req_<ULID>`: one per input line, fixed when the line is first recorded.
     LineId,
-    "batch_req_"
+    "batch_req_",
+    "^batch_req_[A-Za-z0-9_-]{1,100}$"
 );
 prefixed_id!(
     /// `req_<ULID>`: the `x-request-id` of one HTTP exchange.
     RequestId,
-    "req_"
+    "req_",
+    "^req_[A-Za-z0-9_-]{1,100}$"
 );
 
 const LEGACY_FILE_PREFIX: &str = "file_";
@@ -100,9 +136,19 @@ impl BatchId {
 }
 
 impl LineId {
-    /// Wraps an id read back from a checkpoint or record.
+    pub fn parse(raw: &str) -> Option<Self> {
+        is_id_body(raw.strip_prefix(Self::PREFIX)?).then(|| Self(raw.to_owned()))
+    }
+
+    /// Wraps an id made or read back by the executor (its own format, see `records::line_id`).
     pub fn from_stored(raw: String) -> Self {
         Self(raw)
+    }
+}
+
+impl RequestId {
+    pub fn parse(raw: &str) -> Option<Self> {
+        is_id_body(raw.strip_prefix(Self::PREFIX)?).then(|| Self(raw.to_owned()))
     }
 }
 
@@ -134,8 +180,11 @@ impl schemars::JsonSchema for ProjectId {
         true
     }
 
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        String::json_schema(generator)
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+        })
     }
 }
 
@@ -161,6 +210,19 @@ impl fmt::Display for ProjectId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_checked_when_decoded() {
+        for bad in [r#""../x""#, r#""file-../x""#, r#""file-a/b""#, r#""batch_""#, r#""""#, r#""file-.""#] {
+            assert!(serde_json::from_str::<FileId>(bad).is_err(), "{bad} decoded as a file id");
+            assert!(serde_json::from_str::<BatchId>(bad).is_err(), "{bad} decoded as a batch id");
+        }
+        let id: FileId = serde_json::from_str(r#""file-01ABC""#).unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), r#""file-01ABC""#);
+        let id: BatchId = serde_json::from_str(r#""batch_01ABC""#).unwrap();
+        assert_eq!(id.as_str(), "batch_01ABC");
+        assert!(serde_json::from_str::<LineId>(r#""batch_req_0f""#).is_ok());
+    }
 
     #[test]
     fn generated_ids_sort_in_creation_order() {

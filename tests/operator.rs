@@ -387,3 +387,59 @@ async fn deleting_a_batch_removes_its_jobs_and_its_shard_data() {
     let left = store.list(&format!("batches/{id}/")).await.unwrap();
     assert!(left.is_empty(), "the finalizer removed the shard data: {left:?}");
 }
+
+/// A valid Batch resource as JSON (what the api would create), for hand-made variants.
+fn batch_object(name: &str) -> Value {
+    let spec = nightshift::batches::BatchSpec {
+        id: nightshift::ids::BatchId::generate(),
+        project_id: nightshift::ids::ProjectId::parse(common::PROJECT).unwrap(),
+        input_file_id: nightshift::ids::FileId::generate(),
+        endpoint: "/v1/chat/completions".into(),
+        completion_window: "24h".into(),
+        metadata: Default::default(),
+        created_at: 1,
+        expires_at: 86_401,
+        plan: Default::default(),
+    };
+    let resource = BatchResource::new(name, nightshift::k8s::crd::BatchResourceSpec { batch: spec });
+    serde_json::to_value(&resource).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_made_objects_with_bad_ids_are_refused_by_the_api_server() {
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    let dir = TempDir::new().unwrap();
+    let mut path_trick = batch_object("path-trick");
+    path_trick["spec"]["input_file_id"] = json!("../x");
+    let mut bad_batch_id = batch_object("bad-batch-id");
+    bad_batch_id["spec"]["id"] = json!("batch_a/b");
+    let mut bad_project = batch_object("bad-project");
+    bad_project["spec"]["project_id"] = json!("not-a-uuid");
+    let project = json!({
+        "apiVersion": "nightshift.dev/v1alpha1", "kind": "Project", "metadata": {"name": "bad"},
+        "spec": {"id": "x/../y", "api_keys": [{"secret_name": "k"}]},
+    });
+    for (object, field) in [
+        (path_trick, "spec.input_file_id"),
+        (bad_batch_id, "spec.id"),
+        (bad_project, "spec.project_id"),
+        (project, "spec.id"),
+    ] {
+        let file = dir.path().join("object.json");
+        std::fs::write(&file, object.to_string()).unwrap();
+        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let out = Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(operator.cluster.kubeconfig_path())
+            .args(["apply", "-n", NS, "-f"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{field}: a bad id was accepted");
+        assert!(stderr.contains(field) && stderr.contains("should match"), "{field}: {stderr}");
+    }
+    // The controller goes on as before.
+    let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
+    check_results(results.last().unwrap(), 5);
+}
