@@ -178,6 +178,15 @@ pub struct BatchesConfig {
     /// How often `serve` reconciles unfinished batches (live counts, expiry).
     #[serde(default = "default_reconcile_interval", deserialize_with = "duration::deserialize_precise")]
     pub reconcile_interval: Duration,
+    /// How often a shard's worker may fail (a task's error in `serve`, a Job past its pod
+    /// retries on Kubernetes) and be started again; then its lines without a record get
+    /// an `internal_error` record and the batch finishes.
+    #[serde(default = "default_max_shard_retries")]
+    pub max_shard_retries: u32,
+}
+
+fn default_max_shard_retries() -> u32 {
+    3
 }
 
 fn default_window() -> Duration {
@@ -213,6 +222,7 @@ impl Default for BatchesConfig {
             cancel_grace: default_cancel_grace(),
             reconcile_interval: default_reconcile_interval(),
             max_running_shards: default_max_running_shards(),
+            max_shard_retries: default_max_shard_retries(),
         }
     }
 }

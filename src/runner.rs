@@ -3,6 +3,7 @@
 //! the embedded store. On Kubernetes the controller drives the same way with Jobs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ use crate::validate::Shard;
 struct Worker {
     stop: CancellationToken,
     handle: JoinHandle<()>,
+    /// Set when the task ended with an error: a failed worker, until retired.
+    failed: Arc<AtomicBool>,
 }
 
 pub struct Runner {
@@ -99,11 +102,17 @@ impl Runtime for Runner {
     type Error = ExecError;
 
     async fn workers(&self, batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ExecError> {
-        // A finished task is forgotten: its shard is idle, and runs again if incomplete.
+        // A task that finished is forgotten (its shard is idle, and runs again if
+        // incomplete), unless it failed: that one stays until retired, to be counted.
         let mut workers = self.workers.lock().expect("workers");
-        workers.retain(|_, worker| !worker.handle.is_finished());
-        let ours = workers.keys().filter(|(b, _)| *b == batch.spec.id);
-        Ok(ours.map(|(_, shard)| (*shard, WorkerPhase::Running)).collect())
+        workers.retain(|_, worker| !worker.handle.is_finished() || worker.failed.load(Ordering::Relaxed));
+        let ours = workers.iter().filter(|((b, _), _)| *b == batch.spec.id);
+        Ok(ours
+            .map(|((_, shard), worker)| {
+                let phase = if worker.handle.is_finished() { WorkerPhase::Failed } else { WorkerPhase::Running };
+                (*shard, phase)
+            })
+            .collect())
     }
 
     fn free_slots(&self) -> Option<usize> {
@@ -115,6 +124,8 @@ impl Runtime for Runner {
         let (exec, spec, shard, token) = (self.exec.clone(), batch.spec.clone(), shard.clone(), stop.clone());
         let index = shard.index;
         let wake = self.wake.clone();
+        let failed = Arc::new(AtomicBool::new(false));
+        let failure = failed.clone();
         let handle = tokio::spawn(async move {
             let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await;
             let result = match ledger {
@@ -124,11 +135,20 @@ impl Runtime for Runner {
             match result {
                 Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),
                 Ok(ShardExit::Stopped) => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped"),
-                Err(error) => tracing::warn!(batch = %spec.id, shard = shard.index, %error, "shard worker failed"),
+                // Storage that fails is waited out: the shard starts again at the next
+                // pass, without counting against its retries. Anything else counts.
+                Err(error @ ExecError::Storage(_)) => {
+                    tracing::warn!(batch = %spec.id, shard = shard.index, %error, "shard worker stopped; storage failed")
+                }
+                Err(error) => {
+                    tracing::warn!(batch = %spec.id, shard = shard.index, %error, "shard worker failed");
+                    failure.store(true, Ordering::Relaxed);
+                }
             }
             wake.notify_one();
         });
-        self.workers.lock().expect("workers").insert((batch.spec.id.clone(), index), Worker { stop, handle });
+        let worker = Worker { stop, handle, failed };
+        self.workers.lock().expect("workers").insert((batch.spec.id.clone(), index), worker);
         Ok(())
     }
 
@@ -139,8 +159,8 @@ impl Runtime for Runner {
         Ok(())
     }
 
-    async fn retire(&self, _batch: &Batch, _shard: u32) -> Result<(), ExecError> {
-        // A task that failed is gone already (see `workers`).
+    async fn retire(&self, batch: &Batch, shard: u32) -> Result<(), ExecError> {
+        self.workers.lock().expect("workers").remove(&(batch.spec.id.clone(), shard));
         Ok(())
     }
 
@@ -172,6 +192,9 @@ impl Runtime for Runner {
                 failed = batch.state.request_counts.failed,
                 "batch finished"
             ),
+            News::ShardRetried { .. } | News::ShardGaveUp { .. } => {
+                tracing::warn!(batch = %batch.spec.id, news = ?news, "shard worker failed")
+            }
             other => tracing::debug!(batch = %batch.spec.id, news = ?other, "batch"),
         }
     }

@@ -75,8 +75,22 @@ async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::ap
     cluster.service_account_token(NS, name).await
 }
 
+/// The worker image that the stand-in kubelet runs as `/bin/false`: every pod fails.
+const FAILING_IMAGE: &str = "nightshift:failing";
+
 impl Operator {
     async fn start(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
+        Self::start_with(shard_lines, upstream_delay, concurrency, IMAGE, "").await
+    }
+
+    /// `worker_image` for the Jobs; `batches` is YAML appended to the `batches:` section.
+    async fn start_with(
+        shard_lines: u32,
+        upstream_delay: Duration,
+        concurrency: usize,
+        worker_image: &str,
+        batches: &str,
+    ) -> Self {
         let cluster = TestCluster::start().await;
         cluster.create_namespace(NS).await;
         let client = cluster.client().await;
@@ -130,8 +144,8 @@ impl Operator {
             format!(
                 "storage:\n  s3: {{bucket: {bucket}, endpoint: \"{endpoint}\", path_style: true}}\n\
                  upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n\
-                 batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n\
-                 kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{IMAGE}\"\n    config_path: {config}\n    backoff_limit: 3\n    env:\n\
+                 batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n{batches}\
+                 kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{worker_image}\"\n    config_path: {config}\n    backoff_limit: {backoff}\n    env:\n\
                  \x20     - {{name: AWS_ACCESS_KEY_ID, value: {ak}}}\n      - {{name: AWS_SECRET_ACCESS_KEY, value: {sk}}}\n      - {{name: RUST_LOG, value: info}}\n",
                 bucket = s3.bucket,
                 endpoint = s3.endpoint,
@@ -139,6 +153,7 @@ impl Operator {
                 config = dir.path().join("nightshift.yaml").display(),
                 ak = common::S3_ACCESS_KEY,
                 sk = common::S3_SECRET_KEY,
+                backoff = if worker_image == FAILING_IMAGE { 0 } else { 3 },
             ),
         )
         .unwrap();
@@ -149,7 +164,10 @@ impl Operator {
         let kubelet = Kubelet::start(
             client,
             NS,
-            HashMap::from([(IMAGE.to_owned(), PathBuf::from(env!("CARGO_BIN_EXE_nightshift")))]),
+            HashMap::from([
+                (IMAGE.to_owned(), PathBuf::from(env!("CARGO_BIN_EXE_nightshift"))),
+                (FAILING_IMAGE.to_owned(), PathBuf::from("/bin/false")),
+            ]),
         )
         .await;
 
@@ -442,4 +460,34 @@ async fn hand_made_objects_with_bad_ids_are_refused_by_the_api_server() {
     // The controller goes on as before.
     let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
     check_results(results.last().unwrap(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_whose_jobs_keep_failing_gives_up_after_its_retries_and_the_batch_finishes() {
+    let operator = Operator::start_with(4, Duration::ZERO, 2, FAILING_IMAGE, "  max_shard_retries: 2\n").await;
+    let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "6"), ("TIMEOUT", "120")]));
+    let finished = results.last().unwrap();
+    assert_eq!(finished["status"], "completed", "the batch finishes: {finished}");
+    assert_eq!(finished["counts"], json!({"total": 6, "completed": 0, "failed": 6}));
+    let errors = finished["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 6);
+    for record in errors {
+        assert_eq!(record["error"]["code"], "internal_error", "{record}");
+        assert_eq!(
+            record["error"]["message"],
+            "[legacy:dlq_exhausted] The shard's worker failed 3 times; this line was not run"
+        );
+    }
+    assert_eq!(operator.upstream.total_calls(), 0, "no line reached the upstream");
+    // Two shards, each: three failed Jobs, two retries and one give-up, as Warning Events.
+    let events = operator.kubectl(&["get", "events", "-n", NS, "--field-selector", "type=Warning", "-o", "json"]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    // Repeats are aggregated: by `count` (core events) or `series.count` (the recorder's).
+    let count = |reason: &str| -> u64 {
+        let items = events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == reason);
+        items.map(|e| e["series"]["count"].as_u64().or(e["count"].as_u64()).unwrap_or(1)).sum()
+    };
+    assert_eq!(count("BackoffLimitExceeded"), 6, "three failed Jobs per shard");
+    assert_eq!(count("ShardRetried"), 4, "two retries per shard");
+    assert_eq!(count("ShardFailed"), 2, "one give-up per shard");
 }

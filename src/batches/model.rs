@@ -120,6 +120,10 @@ pub struct BatchState {
     /// finalize that is interrupted and run again rewrites the same files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_files: Option<ReservedFiles>,
+    /// Failed worker runs, by shard (see `batches.max_shard_retries`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::k8s::schema::counts_by_shard")]
+    pub shard_failures: std::collections::BTreeMap<u32, u32>,
 }
 
 /// How a batch whose lines all have records ends.
@@ -169,6 +173,7 @@ impl BatchState {
             errors: Vec::new(),
             ending: None,
             reserved_files: None,
+            shard_failures: std::collections::BTreeMap::new(),
         }
     }
 }

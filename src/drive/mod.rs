@@ -57,7 +57,15 @@ pub enum News {
         to: Status,
     },
     /// A failed worker was retired; its shard starts again.
-    ShardRetried(u32),
+    ShardRetried {
+        shard: u32,
+        failures: u32,
+    },
+    /// A shard's worker failed past the retry budget: its lines without a record failed.
+    ShardGaveUp {
+        shard: u32,
+        failures: u32,
+    },
     /// Workers were told to stop.
     Stopping,
     /// The batch reached its terminal state.
@@ -99,10 +107,10 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
 
     // Act.
     let work = plan::plan(&decision.action, &workers, runtime.free_slots());
-    for &shard in &work.retire {
-        runtime.retire(&batch, shard).await?;
-        runtime.tell(&batch, News::ShardRetried(shard)).await;
-    }
+    let batch = match retire_failed(runtime, exec, batch, &ledgers, &work.retire).await? {
+        Some(batch) => batch,
+        None => return Ok(Next::Now),
+    };
     for index in &work.start {
         if let Some(shard) = batch.spec.plan.shards.iter().find(|s| s.index == *index) {
             runtime.start(&batch, shard).await?;
@@ -126,6 +134,41 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
         }
         Action::Finalize(ending) => finalize_batch(runtime, exec, batch, &ledgers, ending).await,
     }
+}
+
+/// Retires the failed workers and counts their failures: a shard within its budget starts
+/// again on a later pass; a shard past it gets a failure record for each line without a
+/// record. The counts are saved after the workers are retired, so a crash in between
+/// costs a retry, never a shard that still had one. Returns the batch as saved.
+async fn retire_failed<R: Runtime>(
+    runtime: &R,
+    exec: &ExecContext,
+    batch: Batch,
+    ledgers: &[ShardLedger],
+    failed: &[u32],
+) -> Result<Option<Batch>, R::Error> {
+    if failed.is_empty() {
+        return Ok(Some(batch));
+    }
+    let budgeted = plan::budget(failed, &batch.state.shard_failures, exec.settings.max_shard_retries);
+    for &shard in failed {
+        runtime.retire(&batch, shard).await?;
+    }
+    for &shard in &budgeted.retry {
+        runtime.tell(&batch, News::ShardRetried { shard, failures: budgeted.failures[&shard] }).await;
+    }
+    for &index in &budgeted.give_up {
+        let runs = budgeted.failures[&index];
+        let position = batch.spec.plan.shards.iter().position(|s| s.index == index);
+        if let Some(position) = position {
+            let shard = &batch.spec.plan.shards[position];
+            drain_shard(exec, &batch.spec, shard, &ledgers[position], &failure::shard_failed(runs)).await?;
+        }
+        runtime.tell(&batch, News::ShardGaveUp { shard: index, failures: runs }).await;
+    }
+    let mut state = batch.state.clone();
+    state.shard_failures = budgeted.failures;
+    runtime.save(&batch, state).await
 }
 
 /// Writes the output and error files, then the terminal state.

@@ -53,6 +53,33 @@ pub fn plan(action: &Action, workers: &BTreeMap<u32, WorkerPhase>, free_slots: O
     plan
 }
 
+/// What becomes of the failed workers that [`plan`] retires, under a retry budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Budgeted {
+    /// Failed runs by shard, the retired ones counted.
+    pub failures: BTreeMap<u32, u32>,
+    /// Shards that start again.
+    pub retry: Vec<u32>,
+    /// Shards out of retries: their lines without a record get a failure record.
+    pub give_up: Vec<u32>,
+}
+
+/// Counts one failed run for each `retired` shard: a shard may fail `max_retries` times
+/// and start again; the next failure gives it up.
+pub fn budget(retired: &[u32], failures: &BTreeMap<u32, u32>, max_retries: u32) -> Budgeted {
+    let mut budgeted = Budgeted { failures: failures.clone(), ..Budgeted::default() };
+    for &shard in retired {
+        let runs = budgeted.failures.entry(shard).or_insert(0);
+        *runs += 1;
+        if *runs > max_retries {
+            budgeted.give_up.push(shard);
+        } else {
+            budgeted.retry.push(shard);
+        }
+    }
+    budgeted
+}
+
 #[cfg(test)]
 mod tests {
     use super::WorkerPhase::{Failed, Running, Succeeded};
@@ -104,6 +131,32 @@ mod tests {
         ];
         for (case, action, workers, slots, expected) in table {
             assert_eq!(plan(&action, &workers, slots), expected, "{case}");
+        }
+    }
+
+    /// A row: what it shows, the shards retired, the failures so far, the budget, the result.
+    type BudgetRow = (&'static str, Vec<u32>, BTreeMap<u32, u32>, u32, Budgeted);
+
+    #[test]
+    fn failed_runs_are_counted_against_the_budget() {
+        let counts = |list: &[(u32, u32)]| list.iter().copied().collect::<BTreeMap<u32, u32>>();
+        #[rustfmt::skip]
+        let table: Vec<BudgetRow> = vec![
+            ("nothing failed", vec![], counts(&[(1, 2)]), 3,
+             Budgeted { failures: counts(&[(1, 2)]), ..Budgeted::default() }),
+            ("a first failure is retried", vec![0], counts(&[]), 3,
+             Budgeted { failures: counts(&[(0, 1)]), retry: vec![0], give_up: vec![] }),
+            ("the last retry", vec![0], counts(&[(0, 2)]), 3,
+             Budgeted { failures: counts(&[(0, 3)]), retry: vec![0], give_up: vec![] }),
+            ("one failure past the budget gives up", vec![0], counts(&[(0, 3)]), 3,
+             Budgeted { failures: counts(&[(0, 4)]), retry: vec![], give_up: vec![0] }),
+            ("no retries: the first failure gives up", vec![5], counts(&[]), 0,
+             Budgeted { failures: counts(&[(5, 1)]), retry: vec![], give_up: vec![5] }),
+            ("shards count apart", vec![0, 1], counts(&[(1, 1)]), 1,
+             Budgeted { failures: counts(&[(0, 1), (1, 2)]), retry: vec![0], give_up: vec![1] }),
+        ];
+        for (case, retired, failures, max, expected) in table {
+            assert_eq!(budget(&retired, &failures, max), expected, "{case}");
         }
     }
 }

@@ -163,6 +163,17 @@ pub fn expired() -> LineFailure {
     }
 }
 
+/// The record of a line whose shard's worker failed more often than
+/// `batches.max_shard_retries` allows: it was never sent (or its answer was never
+/// committed). Transient, as the spec says of `internal_error`: resubmit it.
+pub fn shard_failed(runs: u32) -> LineFailure {
+    LineFailure {
+        code: FailureCode::InternalError,
+        message: format!("[legacy:dlq_exhausted] The shard's worker failed {runs} times; this line was not run"),
+        param: None,
+    }
+}
+
 pub fn quota_exhausted() -> LineFailure {
     LineFailure {
         code: FailureCode::InsufficientQuota,

@@ -39,11 +39,23 @@ pub struct ExecSettings {
     pub checkpoint_interval: Duration,
     /// How long lines in flight may take to finish after cancel or expiry.
     pub cancel_grace: Duration,
+    /// How often a shard's worker may fail and be started again.
+    pub max_shard_retries: u32,
+}
+
+impl ExecSettings {
+    pub fn from_config(batches: &crate::config::BatchesConfig) -> Self {
+        Self {
+            checkpoint_interval: batches.checkpoint_interval,
+            cancel_grace: batches.cancel_grace,
+            max_shard_retries: batches.max_shard_retries,
+        }
+    }
 }
 
 impl Default for ExecSettings {
     fn default() -> Self {
-        Self { checkpoint_interval: Duration::from_millis(500), cancel_grace: Duration::from_secs(30) }
+        Self::from_config(&crate::config::BatchesConfig::default())
     }
 }
 

@@ -72,14 +72,8 @@ impl Context {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    async fn event(&self, batch: &BatchResource, reason: &str, note: String) {
-        let event = Event {
-            type_: EventType::Normal,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
+    async fn event(&self, batch: &BatchResource, type_: EventType, reason: &str, note: String) {
+        let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
         if let Err(error) = self.recorder.publish(&event, &batch.object_ref(&())).await {
             tracing::warn!(%error, "could not publish an event");
         }
@@ -284,12 +278,23 @@ impl Runtime for KubeRuntime<'_> {
     }
 
     async fn tell(&self, batch: &Batch, news: News) {
-        let (reason, note) = match news {
-            News::StatusChanged { from, to } => ("StatusChanged", format!("{} → {}", from.as_str(), to.as_str())),
-            News::ShardRetried(shard) => {
-                ("ShardRetried", format!("the Job of shard {shard} failed; starting it again"))
+        let (warning, reason, note) = match news {
+            News::StatusChanged { from, to } => {
+                (false, "StatusChanged", format!("{} → {}", from.as_str(), to.as_str()))
             }
-            News::Stopping => ("Stopping", "stopping the batch's workers".to_owned()),
+            News::ShardRetried { shard, failures } => (
+                true,
+                "ShardRetried",
+                format!("the Job of shard {shard} failed ({failures} so far); starting it again"),
+            ),
+            News::ShardGaveUp { shard, failures } => (
+                true,
+                "ShardFailed",
+                format!(
+                    "the Job of shard {shard} failed {failures} times; its remaining lines failed with internal_error"
+                ),
+            ),
+            News::Stopping => (false, "Stopping", "stopping the batch's workers".to_owned()),
             News::Finished => {
                 let counts = batch.state.request_counts;
                 let note = format!(
@@ -299,10 +304,11 @@ impl Runtime for KubeRuntime<'_> {
                     counts.failed,
                     counts.total
                 );
-                ("Finished", note)
+                (false, "Finished", note)
             }
         };
-        self.ctx.event(&self.resource(), reason, note).await;
+        let type_ = if warning { EventType::Warning } else { EventType::Normal };
+        self.ctx.event(&self.resource(), type_, reason, note).await;
     }
 }
 

@@ -19,3 +19,12 @@ pub fn optional_ending(_: &mut SchemaGenerator) -> Schema {
         "nullable": true,
     })
 }
+
+/// A map from shard index to a count: object keys are strings in JSON, and Kubernetes
+/// refuses the `patternProperties` schemars gives integer keys.
+pub fn counts_by_shard(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int64", "minimum": 0},
+    })
+}

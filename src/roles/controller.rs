@@ -74,10 +74,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 
     let store = open_store(&config.storage).await?;
     let files = FileCatalog::new(store.clone(), config.files.retention);
-    let settings = ExecSettings {
-        checkpoint_interval: config.batches.checkpoint_interval,
-        cancel_grace: config.batches.cancel_grace,
-    };
+    let settings = ExecSettings::from_config(&config.batches);
     // The controller drains and finalizes; it never calls upstreams (workers do).
     let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
     let projects =

@@ -34,10 +34,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.upstreams.is_empty() {
         println!("No upstreams configured: every model is served by the built-in echo model.");
     }
-    let settings = ExecSettings {
-        checkpoint_interval: config.batches.checkpoint_interval,
-        cancel_grace: config.batches.cancel_grace,
-    };
+    let settings = ExecSettings::from_config(&config.batches);
     let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
     let runner = Arc::new(Runner::new(
         batches.clone(),

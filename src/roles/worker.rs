@@ -62,10 +62,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let files = FileCatalog::new(store.clone(), config.files.retention);
     let upstreams = Upstreams::from_config(&config.upstreams).map_err(anyhow::Error::msg)?;
     let quota = Arc::new(QuotaLedger::single(&project, args.quota_tokens_left));
-    let settings = ExecSettings {
-        checkpoint_interval: config.batches.checkpoint_interval,
-        cancel_grace: config.batches.cancel_grace,
-    };
+    let settings = ExecSettings::from_config(&config.batches);
     let exec = ExecContext::new(store, files, upstreams, quota, settings);
 
     let spec = BatchSpec {
