@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::batches::{Batch, BatchState, Ending, RequestCounts, Status, Usage};
+use crate::batches::{Batch, BatchError, BatchSpec, BatchState, Ending, RequestCounts, Status, Usage};
 use crate::clock::UnixSeconds;
 use crate::exec::finalize::Finalized;
 
@@ -104,6 +104,29 @@ fn wind_down(ending: Ending, all_recorded: bool, running: &BTreeSet<u32>) -> Act
         Action::Stop
     } else {
         Action::Drain(ending)
+    }
+}
+
+/// The `code` of the error a Batch gets when its validation result was lost.
+pub const VALIDATION_INTERRUPTED: &str = "validation_interrupted";
+
+/// The state of a Batch whose api stopped between creating it and writing its first
+/// status, rebuilt from its spec: the api records a shard plan only for an input that
+/// passed validation (an empty input does not), so a plan means in progress, and no plan
+/// means refused, with an error that says the reason was lost.
+pub fn recovered_state(spec: &BatchSpec, now: UnixSeconds) -> BatchState {
+    if spec.plan.shards.is_empty() {
+        let error = BatchError {
+            code: VALIDATION_INTERRUPTED.into(),
+            message: "The API stopped before it recorded why this batch's input was refused; create the batch \
+                      again to see the reason"
+                .into(),
+            line: None,
+            param: None,
+        };
+        BatchState::failed(now, vec![error])
+    } else {
+        BatchState::in_progress(now, spec.plan.shards.iter().map(|s| s.requests).sum())
     }
 }
 

@@ -130,7 +130,7 @@ impl Runtime for Runner {
             let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await;
             let result = match ledger {
                 Ok(ledger) => run_shard(&exec, &spec, &shard, &ledger, token).await,
-                Err(error) => Err(error.into()),
+                Err(error) => Err(error),
             };
             match result {
                 Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::ExecError;
 use crate::batches::Usage;
 use crate::ids::BatchId;
 use crate::storage::{Key, ObjectStore, StorageError};
@@ -122,7 +123,7 @@ impl CheckpointReader {
         batch: &BatchId,
         shard: u32,
         requests: u64,
-    ) -> Result<ShardLedger, StorageError> {
+    ) -> Result<ShardLedger, ExecError> {
         let mut ledger = ShardLedger::new(requests);
         let prefix = format!("{}checkpoint-", shard_prefix(batch, shard));
         for key in store.list(&prefix).await? {
@@ -132,7 +133,7 @@ impl CheckpointReader {
                 None => {
                     let bytes = store.get(&key).await?;
                     let checkpoint: Checkpoint = serde_json::from_slice(&bytes)
-                        .map_err(|e| StorageError::Backend(format!("unreadable checkpoint {key}: {e}")))?;
+                        .map_err(|e| ExecError::Corrupt(format!("unreadable checkpoint {key}: {e}")))?;
                     let checkpoint = Arc::new(checkpoint);
                     self.cache.lock().expect("checkpoint cache").insert(key, checkpoint.clone());
                     checkpoint

@@ -4,9 +4,9 @@
 //! guarded by the resourceVersion it was decided from, so a cancel written by the API
 //! in between is never overwritten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -21,13 +21,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
-use super::jobs::{job_shard, job_workers, shard_job};
+use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
 use super::store::to_batch;
 use crate::batches::{Batch, BatchState};
 use crate::clock;
 use crate::config::WorkerTemplate;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::{ExecContext, ExecError};
+use crate::reconcile as decisions;
 use crate::validate::Shard;
 
 pub const FIELD_MANAGER: &str = "nightshift-controller";
@@ -37,6 +38,10 @@ pub const FINALIZER: &str = "nightshift.dev/storage-cleanup";
 const RECONCILE_CONCURRENCY: u16 = 16;
 /// How often a running batch is looked at again: live counts come from checkpoints.
 const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
+/// How long a Batch may stay without a status before the controller writes the one its
+/// api would have: the api writes it right after creating the Batch, so a Batch still
+/// without one after this long lost its api in between.
+const STATUSLESS_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -61,6 +66,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub jobs: Store<Job>,
     pub projects: Store<ProjectResource>,
+    /// Batches seen without a status, by uid, and since when (this process's clock).
+    pub statusless: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -161,11 +168,31 @@ where
     Ok(store)
 }
 
+impl ControllerError {
+    /// Whether trying again later can help. Corrupt shard data stays corrupt until someone
+    /// changes something: such a Batch is not requeued but waits for a change.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, ControllerError::Exec(ExecError::Corrupt(_)))
+    }
+}
+
 async fn reconcile(batch: Arc<BatchResource>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let resource = batch.clone();
+    match reconcile_finalized(batch, &ctx).await {
+        Err(error) if error.is_permanent() => {
+            tracing::error!(batch = %resource.name_any(), %error, "reconcile failed for good; waiting for a change");
+            ctx.event(&resource, EventType::Warning, "ReconcileFailed", format!("{error}; waiting for a change")).await;
+            Ok(Action::await_change())
+        }
+        other => other,
+    }
+}
+
+async fn reconcile_finalized(batch: Arc<BatchResource>, ctx: &Context) -> Result<Action, ControllerError> {
     finalizer(&ctx.batches(), FINALIZER, batch, |event| async {
         match event {
-            Finalizing::Apply(batch) => apply(&batch, &ctx).await,
-            Finalizing::Cleanup(batch) => cleanup(&batch, &ctx).await,
+            Finalizing::Apply(batch) => apply(&batch, ctx).await,
+            Finalizing::Cleanup(batch) => cleanup(&batch, ctx).await,
         }
     })
     .await
@@ -195,8 +222,7 @@ fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Co
 
 async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
     if resource.status.is_none() {
-        // The API writes the first status right after creating the resource.
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return recover_statusless(resource, ctx).await;
     }
     let batch = to_batch(resource);
     let name = resource.name_any();
@@ -214,6 +240,31 @@ async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, Contro
     })
 }
 
+/// The api writes a Batch's first status right after creating it; one still without a
+/// status after [`STATUSLESS_GRACE`] (timed from when this controller first saw it, so
+/// no other host's clock is read) gets the status its api would have written.
+async fn recover_statusless(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    let uid = resource.uid().unwrap_or_default();
+    let waited = {
+        let mut seen = ctx.statusless.lock().expect("statusless");
+        seen.entry(uid.clone()).or_insert_with(Instant::now).elapsed()
+    };
+    if waited < STATUSLESS_GRACE {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let state = decisions::recovered_state(&resource.spec.batch, clock::now());
+    if write_status(resource, &state, ctx).await?.is_some() {
+        let note = format!(
+            "no status {}s after it was seen: its api stopped before writing it; now {}",
+            STATUSLESS_GRACE.as_secs(),
+            state.status.as_str()
+        );
+        ctx.event(resource, EventType::Warning, "StatusRecovered", note).await;
+    }
+    ctx.statusless.lock().expect("statusless").remove(&uid);
+    Ok(Action::requeue(Duration::ZERO))
+}
+
 /// One pass's runtime: the Batch's shard Jobs as the cache had them, and the Batch
 /// resource as last written (its resourceVersion guards the next status write).
 struct KubeRuntime<'a> {
@@ -227,8 +278,9 @@ impl KubeRuntime<'_> {
         self.resource.lock().expect("resource").clone()
     }
 
+    /// The shard's Job of its latest attempt.
     fn job_of(&self, shard: u32) -> Option<&Arc<Job>> {
-        self.jobs.iter().find(|job| job_shard(job) == Some(shard))
+        self.jobs.iter().filter(|job| job_shard(job) == Some(shard)).max_by_key(|job| job_attempt(job))
     }
 }
 
@@ -236,8 +288,8 @@ impl KubeRuntime<'_> {
 impl Runtime for KubeRuntime<'_> {
     type Error = ControllerError;
 
-    async fn workers(&self, _batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ControllerError> {
-        Ok(job_workers(&self.jobs))
+    async fn workers(&self, batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ControllerError> {
+        Ok(job_workers(&self.jobs, &batch.state.shard_failures))
     }
 
     fn free_slots(&self) -> Option<usize> {
@@ -245,7 +297,8 @@ impl Runtime for KubeRuntime<'_> {
     }
 
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ControllerError> {
-        let job = shard_job(&self.resource(), shard, &self.ctx.worker, quota_left(self.ctx, batch));
+        let attempt = batch.state.shard_failures.get(&shard.index).copied().unwrap_or(0);
+        let job = shard_job(&self.resource(), shard, attempt, &self.ctx.worker, quota_left(self.ctx, batch));
         match self.ctx.jobs_api().create(&PostParams::default(), &job).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
@@ -432,4 +485,18 @@ pub async fn check_crds(client: &Client, namespace: &str) -> anyhow::Result<()> 
 
 pub fn reporter(instance: &str) -> Reporter {
     Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_owned()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_a_retry_cannot_mend_is_permanent() {
+        let storage = crate::storage::StorageError::NotFound("k".into());
+        assert!(ControllerError::Exec(ExecError::Corrupt("bad checkpoint".into())).is_permanent());
+        assert!(!ControllerError::Exec(ExecError::Storage(storage)).is_permanent());
+        assert!(!ControllerError::Waiting("jobs").is_permanent());
+        assert!(!ControllerError::Finalizer("conflict".into()).is_permanent());
+    }
 }

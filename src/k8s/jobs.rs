@@ -14,20 +14,34 @@ use crate::drive::WorkerPhase;
 use crate::validate::Shard;
 
 pub const SHARD_LABEL: &str = "nightshift.dev/shard";
+/// Which run of the shard a Job is: the shard's failed runs before it.
+pub const ATTEMPT_LABEL: &str = "nightshift.dev/attempt";
 
-pub fn job_name(batch: &BatchResource, shard: u32) -> String {
-    format!("{}-s{shard}", resource_name(&batch.spec.batch.id))
+/// `<batch>-s<shard>`, and `-r<attempt>` from the first retry on: a retry never waits for
+/// the failed Job's name to be free.
+pub fn job_name(batch: &BatchResource, shard: u32, attempt: u32) -> String {
+    match attempt {
+        0 => format!("{}-s{shard}", resource_name(&batch.spec.batch.id)),
+        n => format!("{}-s{shard}-r{n}", resource_name(&batch.spec.batch.id)),
+    }
 }
 
 /// The Job that runs `shard` of `batch`: one pod, no Kubernetes credentials, its
 /// shard's line and byte range in its arguments, owned by the Batch (so deleting the
 /// Batch deletes it).
-pub fn shard_job(batch: &BatchResource, shard: &Shard, template: &WorkerTemplate, quota_left: Option<u64>) -> Job {
+pub fn shard_job(
+    batch: &BatchResource,
+    shard: &Shard,
+    attempt: u32,
+    template: &WorkerTemplate,
+    quota_left: Option<u64>,
+) -> Job {
     let spec = &batch.spec.batch;
     let labels = [
         (BATCH_LABEL.to_owned(), resource_name(&spec.id)),
         (PROJECT_LABEL.to_owned(), spec.project_id.to_string()),
         (SHARD_LABEL.to_owned(), shard.index.to_string()),
+        (ATTEMPT_LABEL.to_owned(), attempt.to_string()),
     ];
     let mut args = vec![
         "worker".to_owned(),
@@ -58,7 +72,7 @@ pub fn shard_job(batch: &BatchResource, shard: &Shard, template: &WorkerTemplate
     };
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(batch, shard.index)),
+            name: Some(job_name(batch, shard.index, attempt)),
             namespace: batch.metadata.namespace.clone(),
             labels: Some(labels.iter().cloned().collect()),
             owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),
@@ -103,9 +117,21 @@ pub fn job_phase(job: &Job) -> WorkerPhase {
     }
 }
 
-/// The workers that `jobs` (one batch's) stand for, by shard.
-pub fn job_workers<J: Borrow<Job>>(jobs: &[J]) -> BTreeMap<u32, WorkerPhase> {
-    jobs.iter().map(Borrow::borrow).filter_map(|job| Some((job_shard(job)?, job_phase(job)))).collect()
+/// The workers that `jobs` (one batch's) stand for, by shard: each shard's Job of its
+/// current attempt (`failures`: failed runs by shard). A Job of an earlier attempt was
+/// counted and retired already, even while a watch cache still shows it.
+pub fn job_workers<J: Borrow<Job>>(jobs: &[J], failures: &BTreeMap<u32, u32>) -> BTreeMap<u32, WorkerPhase> {
+    jobs.iter()
+        .map(Borrow::borrow)
+        .filter_map(|job| Some((job_shard(job)?, job_attempt(job), job_phase(job))))
+        .filter(|(shard, attempt, _)| *attempt >= failures.get(shard).copied().unwrap_or(0))
+        .map(|(shard, _, phase)| (shard, phase))
+        .collect()
+}
+
+/// The attempt a Job runs (0 for Jobs made before attempts were labelled).
+pub fn job_attempt(job: &Job) -> u32 {
+    job.metadata.labels.as_ref().and_then(|l| l.get(ATTEMPT_LABEL)).and_then(|a| a.parse().ok()).unwrap_or(0)
 }
 
 /// The shard a Job runs, from its label.
@@ -146,7 +172,7 @@ mod tests {
     #[test]
     fn a_shard_job_carries_its_range_has_no_credentials_and_is_owned_by_the_batch() {
         let shard = Shard { index: 2, first_request: 10, requests: 5, byte_start: 100, byte_end: 200 };
-        let job = shard_job(&batch(), &shard, &WorkerTemplate::default(), Some(42));
+        let job = shard_job(&batch(), &shard, 0, &WorkerTemplate::default(), Some(42));
         assert_eq!(job.metadata.name.as_deref(), Some("batch-01abc-s2"));
         let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("Batch", Some(true)));
@@ -170,8 +196,12 @@ mod tests {
     }
 
     fn job_of(shard: u32, conditions: &[(&str, &str)]) -> Job {
+        attempt_of(shard, 0, conditions)
+    }
+
+    fn attempt_of(shard: u32, attempt: u32, conditions: &[(&str, &str)]) -> Job {
         let shard = Shard { index: shard, first_request: 0, requests: 1, byte_start: 0, byte_end: 1 };
-        let mut job = shard_job(&batch(), &shard, &WorkerTemplate::default(), None);
+        let mut job = shard_job(&batch(), &shard, attempt, &WorkerTemplate::default(), None);
         job.status = Some(k8s_openapi::api::batch::v1::JobStatus {
             conditions: Some(
                 conditions
@@ -205,11 +235,25 @@ mod tests {
              vec![(0, WorkerPhase::Running), (4, WorkerPhase::Succeeded)]),
         ];
         for (case, jobs, expected) in table {
-            let workers: Vec<(u32, WorkerPhase)> = job_workers(&jobs).into_iter().collect();
+            let workers: Vec<(u32, WorkerPhase)> = job_workers(&jobs, &BTreeMap::new()).into_iter().collect();
             assert_eq!(workers, expected, "{case}");
         }
         let mut unlabelled = job_of(0, &[]);
         unlabelled.metadata.labels = None;
-        assert!(job_workers(&[unlabelled]).is_empty(), "a Job without a shard label is not a worker");
+        assert!(job_workers(&[unlabelled], &BTreeMap::new()).is_empty(), "a Job without a shard label is not a worker");
+    }
+
+    #[test]
+    fn a_job_of_an_earlier_attempt_is_not_the_shards_worker() {
+        let failed = [("Failed", "True")];
+        let failures = BTreeMap::from([(0, 1)]);
+        // Shard 0 failed once: its attempt-0 Job was counted, and may linger in a cache.
+        let stale = attempt_of(0, 0, &failed);
+        assert!(job_workers(std::slice::from_ref(&stale), &failures).is_empty(), "counted once, not again");
+        let current = attempt_of(0, 1, &[]);
+        let workers = job_workers(&[stale, current.clone()], &failures);
+        assert_eq!(workers, BTreeMap::from([(0, WorkerPhase::Running)]));
+        assert_eq!(current.metadata.name.as_deref(), Some("batch-01abc-s0-r1"));
+        assert_eq!(job_attempt(&current), 1);
     }
 }

@@ -128,3 +128,21 @@ fn finishing_sets_the_files_counts_and_the_endings_timestamp() {
     let expired = finished(&batch.state, Ending::Expired, &files, 502);
     assert_eq!((expired.status, expired.expired_at), (Status::Expired, Some(502)));
 }
+
+#[test]
+fn a_batch_whose_first_status_was_lost_is_rebuilt_from_its_plan() {
+    let planned = batch(&[3, 2], Status::InProgress).spec;
+    let state = recovered_state(&planned, 500);
+    assert_eq!(state.status, Status::InProgress);
+    assert_eq!(state.in_progress_at, Some(500));
+    assert_eq!(state.request_counts, RequestCounts { total: 5, completed: 0, failed: 0 });
+
+    let mut refused = planned;
+    refused.plan = ShardPlan::default();
+    let state = recovered_state(&refused, 500);
+    assert_eq!(state.status, Status::Failed);
+    assert_eq!(state.failed_at, Some(500));
+    assert_eq!(state.errors.len(), 1);
+    assert_eq!(state.errors[0].code, VALIDATION_INTERRUPTED);
+    assert!(state.errors[0].message.contains("create the batch again"), "{}", state.errors[0].message);
+}

@@ -89,6 +89,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         recorder: Recorder::new(client, reporter(&identity)),
         jobs,
         projects,
+        statusless: Default::default(),
     });
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
