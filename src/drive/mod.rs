@@ -107,11 +107,12 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
 
     // Act.
     let work = plan::plan(&decision.action, &workers, runtime.free_slots());
-    let batch = match retire_failed(runtime, exec, batch, &ledgers, &work.retire).await? {
+    let batch = match retire_failed(runtime, exec, batch, &work.retire).await? {
         Some(batch) => batch,
         None => return Ok(Next::Now),
     };
-    for index in &work.start {
+    let exhausted = give_up_exhausted(exec, &batch, &ledgers, &running).await?;
+    for index in work.start.iter().filter(|shard| !exhausted.contains(shard)) {
         if let Some(shard) = batch.spec.plan.shards.iter().find(|s| s.index == *index) {
             runtime.start(&batch, shard).await?;
         }
@@ -136,39 +137,55 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
     }
 }
 
-/// Retires the failed workers and counts their failures: a shard within its budget starts
-/// again on a later pass; a shard past it gets a failure record for each line without a
-/// record. The counts are saved after the workers are retired, so a crash in between
-/// costs a retry, never a shard that still had one. Returns the batch as saved.
+/// Counts the failed workers' failures, then retires them: a shard within its budget
+/// starts again on a later pass; a shard past it is given up ([`give_up_exhausted`]). The counts are saved first: a save that conflicts retires nothing
+/// (the next pass counts again from fresh state), and a crash after it leaves a failed
+/// worker of an earlier attempt, which runtimes no longer report. Returns the batch as
+/// saved.
 async fn retire_failed<R: Runtime>(
     runtime: &R,
     exec: &ExecContext,
     batch: Batch,
-    ledgers: &[ShardLedger],
     failed: &[u32],
 ) -> Result<Option<Batch>, R::Error> {
     if failed.is_empty() {
         return Ok(Some(batch));
     }
     let budgeted = plan::budget(failed, &batch.state.shard_failures, exec.settings.max_shard_retries);
+    let mut state = batch.state.clone();
+    state.shard_failures = budgeted.failures.clone();
+    let Some(batch) = runtime.save(&batch, state).await? else { return Ok(None) };
     for &shard in failed {
         runtime.retire(&batch, shard).await?;
     }
     for &shard in &budgeted.retry {
         runtime.tell(&batch, News::ShardRetried { shard, failures: budgeted.failures[&shard] }).await;
     }
-    for &index in &budgeted.give_up {
-        let runs = budgeted.failures[&index];
-        let position = batch.spec.plan.shards.iter().position(|s| s.index == index);
-        if let Some(position) = position {
-            let shard = &batch.spec.plan.shards[position];
-            drain_shard(exec, &batch.spec, shard, &ledgers[position], &failure::shard_failed(runs)).await?;
-        }
-        runtime.tell(&batch, News::ShardGaveUp { shard: index, failures: runs }).await;
+    for &shard in &budgeted.give_up {
+        runtime.tell(&batch, News::ShardGaveUp { shard, failures: budgeted.failures[&shard] }).await;
     }
-    let mut state = batch.state.clone();
-    state.shard_failures = budgeted.failures;
-    runtime.save(&batch, state).await
+    Ok(Some(batch))
+}
+
+/// Gives every line without a record of a shard past its retry budget its failure record.
+/// Idempotent: a pass after a crash gives up what the last one could not. Returns the
+/// shards given up, which must not start again.
+async fn give_up_exhausted(
+    exec: &ExecContext,
+    batch: &Batch,
+    ledgers: &[ShardLedger],
+    running: &BTreeSet<u32>,
+) -> Result<BTreeSet<u32>, ExecError> {
+    let max = exec.settings.max_shard_retries;
+    let mut exhausted = BTreeSet::new();
+    for (shard, ledger) in batch.spec.plan.shards.iter().zip(ledgers) {
+        let Some(&runs) = batch.state.shard_failures.get(&shard.index).filter(|runs| **runs > max) else { continue };
+        exhausted.insert(shard.index);
+        if !ledger.is_complete() && !running.contains(&shard.index) {
+            drain_shard(exec, &batch.spec, shard, ledger, &failure::shard_failed(runs)).await?;
+        }
+    }
+    Ok(exhausted)
 }
 
 /// Writes the output and error files, then the terminal state.
