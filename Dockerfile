@@ -8,7 +8,7 @@
 # the Rust stage): put the `nightshift` binary alone in a directory and use that directory as
 # the build context. Only the runtime stage (and the stage the TLS roots come from) is built:
 #   cargo build --release --locked
-#   mkdir -p /tmp/nightshift-image && cp target/release/nightshift /tmp/nightshift-image/
+#   mkdir -p /tmp/nightshift-image && strip -o /tmp/nightshift-image/nightshift target/release/nightshift
 #   docker build --build-arg BINARY=prebuilt -f Dockerfile -t nightshift:0.1.0 /tmp/nightshift-image
 # The binary links against glibc: build it on Debian 12 (bookworm) or older.
 #
@@ -35,7 +35,7 @@ COPY crds ./crds
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin nightshift \
-    && install -D -m 0755 target/release/nightshift /out/nightshift
+    && install -D -m 0755 --strip target/release/nightshift /out/nightshift
 
 FROM scratch AS binary-prebuilt
 COPY nightshift /out/nightshift

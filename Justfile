@@ -39,3 +39,9 @@ chart-lint:
 
 build:
     cargo build --release
+
+# The container image from the release binary (Dockerfile's BINARY=prebuilt path); CONTAINER=podman works too.
+image TAG="nightshift:0.1.0":
+    cargo build --release --locked
+    mkdir -p target/image && strip -o target/image/nightshift target/release/nightshift
+    ${CONTAINER:-docker} build --build-arg BINARY=prebuilt -f Dockerfile -t {{TAG}} target/image
