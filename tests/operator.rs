@@ -571,3 +571,44 @@ async fn a_corrupt_checkpoint_is_a_warning_event_not_a_retry_loop() {
     .await;
     assert!(message.contains("unreadable checkpoint"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    // As under an older CRD without the id patterns: a Batch whose input_file_id can't be
+    // an id gets past the API server.
+    operator.kubectl(&[
+        "patch", "crd", "batches.nightshift.dev", "--type=json", "-p",
+        r#"[{"op": "remove", "path": "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/input_file_id/pattern"}]"#,
+    ]);
+    let mut bad = batch_object("does-not-decode");
+    bad["spec"]["input_file_id"] = json!("../x");
+    let file = TempDir::new().unwrap();
+    let path = file.path().join("bad.json");
+    std::fs::write(&path, bad.to_string()).unwrap();
+    eventually("the loosened schema to take effect", 30, || async {
+        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let out = Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(operator.cluster.kubeconfig_path())
+            .args(["create", "-n", NS, "-f"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        out.status.success().then_some(())
+    })
+    .await;
+    let reported = eventually("an InvalidObject Warning on the Batch", 60, || async {
+        let events = operator.kubectl(&[
+            "get", "events", "-n", NS, "--field-selector",
+            "reason=InvalidObject,involvedObject.name=does-not-decode",
+            "-o", "jsonpath={.items[*].type} {.items[*].message}",
+        ]);
+        events.starts_with("Warning").then_some(events)
+    })
+    .await;
+    assert!(reported.contains("../x"), "{reported}");
+    // Both watches go on: the api sees new Batches and the controller runs them.
+    let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
+    check_results(results.last().unwrap(), 5);
+}

@@ -138,10 +138,10 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
 }
 
 /// Counts the failed workers' failures, then retires them: a shard within its budget
-/// starts again on a later pass; a shard past it is given up ([`give_up_exhausted`]). The counts are saved first: a save that conflicts retires nothing
-/// (the next pass counts again from fresh state), and a crash after it leaves a failed
-/// worker of an earlier attempt, which runtimes no longer report. Returns the batch as
-/// saved.
+/// starts again on a later pass; a shard past it is given up ([`give_up_exhausted`]).
+/// The counts are saved first: a save that conflicts retires nothing (the next pass
+/// counts again from fresh state), and a crash after it leaves a failed worker of an
+/// earlier attempt, which runtimes no longer report. Returns the batch as saved.
 async fn retire_failed<R: Runtime>(
     runtime: &R,
     exec: &ExecContext,

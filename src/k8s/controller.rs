@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizing, finalizer};
@@ -19,8 +22,10 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
+use super::guard::valid_only;
 use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
 use super::store::to_batch;
 use crate::batches::{Batch, BatchState};
@@ -94,6 +99,8 @@ pub struct Caches<B, J> {
     pub jobs: Store<Job>,
     batch_stream: B,
     job_stream: J,
+    /// Batches that failed to decode, left out of `batches` (see [`super::guard`]).
+    invalid: mpsc::UnboundedReceiver<InvalidObject>,
 }
 
 /// Managed fields are the bulk of an object the controller keeps (every field of the
@@ -111,11 +118,18 @@ pub fn caches(
     impl futures_util::Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
 > {
     let (batches, batch_writer) = reflector::store();
-    let batch_stream = watcher(Api::<BatchResource>::namespaced(client.clone(), namespace), watcher::Config::default())
-        .default_backoff()
-        .modify(without_managed_fields)
-        .reflect(batch_writer)
-        .applied_objects();
+    let (report, invalid) = mpsc::unbounded_channel();
+    let guarded = watcher(
+        Api::<DeserializeGuard<BatchResource>>::namespaced(client.clone(), namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let batch_stream = valid_only(guarded, move |object| {
+        let _ = report.send(object);
+    })
+    .modify(without_managed_fields)
+    .reflect(batch_writer)
+    .applied_objects();
     let (jobs, job_writer) = reflector::store();
     let job_stream =
         watcher(Api::<Job>::namespaced(client.clone(), namespace), watcher::Config::default().labels(BATCH_LABEL))
@@ -123,7 +137,7 @@ pub fn caches(
             .modify(without_managed_fields)
             .reflect(job_writer)
             .touched_objects();
-    Caches { batches, jobs, batch_stream, job_stream }
+    Caches { batches, jobs, batch_stream, job_stream, invalid }
 }
 
 /// Runs the controller until a shutdown signal.
@@ -135,6 +149,7 @@ where
     // Bounded concurrency: a restart over thousands of Batches reconciles them a few at
     // a time instead of all at once (memory, and the API server's patience).
     let config = kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY);
+    let reporter = tokio::spawn(report_invalid(ctx.clone(), caches.invalid));
     Controller::for_stream(caches.batch_stream, caches.batches)
         .with_config(config)
         .owns_stream(caches.job_stream)
@@ -146,6 +161,37 @@ where
             }
         })
         .await;
+    reporter.abort();
+}
+
+/// A Warning Event `InvalidObject` on each Batch that fails to decode, once per version.
+async fn report_invalid(ctx: Arc<Context>, mut invalid: mpsc::UnboundedReceiver<InvalidObject>) {
+    let mut reported = std::collections::HashSet::new();
+    while let Some(object) = invalid.recv().await {
+        let meta = &object.metadata;
+        if !reported.insert((meta.uid.clone(), meta.resource_version.clone())) {
+            continue;
+        }
+        tracing::warn!(batch = ?meta.name, error = %object.error, "a Batch that does not decode is left alone");
+        let reference = ObjectReference {
+            api_version: Some(BatchResource::api_version(&()).into_owned()),
+            kind: Some(BatchResource::kind(&()).into_owned()),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "InvalidObject".into(),
+            note: Some(format!("left alone: it does not decode ({})", object.error)),
+            action: "InvalidObject".into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, "could not publish an event");
+        }
+    }
 }
 
 /// Starts a watch cache of `api` (filtered by `config`) and waits for its first sync.
@@ -224,6 +270,7 @@ async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, Contro
     if resource.status.is_none() {
         return recover_statusless(resource, ctx).await;
     }
+    forget_statusless(resource, ctx);
     let batch = to_batch(resource);
     let name = resource.name_any();
     let jobs = ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
@@ -244,10 +291,9 @@ async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, Contro
 /// status after [`STATUSLESS_GRACE`] (timed from when this controller first saw it, so
 /// no other host's clock is read) gets the status its api would have written.
 async fn recover_statusless(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
-    let uid = resource.uid().unwrap_or_default();
     let waited = {
         let mut seen = ctx.statusless.lock().expect("statusless");
-        seen.entry(uid.clone()).or_insert_with(Instant::now).elapsed()
+        seen.entry(resource.uid().unwrap_or_default()).or_insert_with(Instant::now).elapsed()
     };
     if waited < STATUSLESS_GRACE {
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -261,8 +307,19 @@ async fn recover_statusless(resource: &BatchResource, ctx: &Context) -> Result<A
         );
         ctx.event(resource, EventType::Warning, "StatusRecovered", note).await;
     }
-    ctx.statusless.lock().expect("statusless").remove(&uid);
+    forget_statusless(resource, ctx);
     Ok(Action::requeue(Duration::ZERO))
+}
+
+/// Most Batches are seen once without a status (the create event comes before the api's
+/// status write): they are forgotten as soon as one has a status.
+fn forget_statusless(resource: &BatchResource, ctx: &Context) {
+    let mut seen = ctx.statusless.lock().expect("statusless");
+    if !seen.is_empty()
+        && let Some(uid) = resource.uid()
+    {
+        seen.remove(&uid);
+    }
 }
 
 /// One pass's runtime: the Batch's shard Jobs as the cache had them, and the Batch

@@ -3,6 +3,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod guard;
 pub mod jobs;
 pub mod leader;
 pub mod projects;

@@ -11,8 +11,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
 use super::crd::{BatchResource, BatchResourceSpec, PROJECT_LABEL, resource_name};
+use super::guard::valid_only;
 use crate::batches::{Batch, BatchPage, BatchState, BatchStore, StateChange, Status, StoreError, UpdateError};
 use crate::ids::{BatchId, ProjectId};
+use kube::core::DeserializeGuard;
 
 pub struct KubeBatchStore {
     api: Api<BatchResource>,
@@ -43,10 +45,16 @@ pub fn to_batch(resource: &BatchResource) -> Batch {
 impl KubeBatchStore {
     /// Starts the watch cache of Batches in `namespace` and waits for its first sync.
     pub async fn start(client: kube::Client, namespace: &str) -> anyhow::Result<Self> {
-        let api: Api<BatchResource> = Api::namespaced(client, namespace);
+        let api: Api<BatchResource> = Api::namespaced(client.clone(), namespace);
         let (cache, writer) = reflector::store();
-        let stream =
-            watcher(api.clone(), watcher::Config::default()).default_backoff().reflect(writer).applied_objects();
+        let guarded =
+            watcher(Api::<DeserializeGuard<BatchResource>>::namespaced(client, namespace), watcher::Config::default());
+        // The controller reports such a Batch with an Event; here it is only left out.
+        let stream = valid_only(guarded.default_backoff(), |object| {
+            tracing::warn!(batch = ?object.metadata.name, error = %object.error, "a Batch that does not decode is left alone");
+        })
+        .reflect(writer)
+        .applied_objects();
         let watch = tokio::spawn(async move {
             futures_util::pin_mut!(stream);
             while let Some(event) = stream.next().await {
