@@ -45,6 +45,19 @@ struct Operator {
     controller_token: String,
 }
 
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for log in ["controller-1.log", "controller-2.log"] {
+                let path = self.dir.path().join(log);
+                if path.exists() {
+                    common::cluster::print_tail(log, &path);
+                }
+            }
+        }
+    }
+}
+
 async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>) -> String {
     let client = cluster.client().await;
     let meta = |name: &str| ObjectMeta {
@@ -307,6 +320,42 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
     assert_eq!(&row[1..5], ["completed", "20", "0", "20"], "{table}");
     let short = operator.kubectl(&["get", "nsb", "-n", NS, "-o", "name"]);
     assert!(short.starts_with("batch.nightshift.dev/batch-"), "{short}");
+    let category = operator.kubectl(&["get", "nightshift", "-n", NS, "-o", "name"]);
+    assert!(category.contains(short.trim()) && category.contains("project.nightshift.dev/demo"), "{category}");
+
+    // Conditions, as for Jobs: `kubectl wait` on a completed batch and on a refused one.
+    operator.kubectl(&["wait", "-n", NS, "--for=condition=Complete", "--timeout=30s", short.trim()]);
+    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let refused = client.upload(b"{\"custom_id\": 1}\n".to_vec()).await;
+    let (status, body) = client.try_create(&refused).await;
+    assert_eq!(status, 400, "{body}");
+    let failed = operator.kubectl(&[
+        "get",
+        "batches",
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.items[?(@.status.status==\"failed\")].metadata.name}",
+    ]);
+    let waited = operator.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Failed",
+        "--timeout=30s",
+        &format!("batch/{}", failed.trim()),
+    ]);
+    assert!(waited.contains("condition met"), "{waited}");
+    let reason = operator.kubectl(&[
+        "get",
+        "batch",
+        "-n",
+        NS,
+        failed.trim(),
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}",
+    ]);
+    assert_eq!(reason, "Failed");
     let events = operator.kubectl(&["get", "events", "-n", NS]);
     assert!(events.contains("Finished"), "{events}");
 
@@ -600,9 +649,14 @@ async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
     .await;
     let reported = eventually("an InvalidObject Warning on the Batch", 60, || async {
         let events = operator.kubectl(&[
-            "get", "events", "-n", NS, "--field-selector",
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
             "reason=InvalidObject,involvedObject.name=does-not-decode",
-            "-o", "jsonpath={.items[*].type} {.items[*].message}",
+            "-o",
+            "jsonpath={.items[*].type} {.items[*].message}",
         ]);
         events.starts_with("Warning").then_some(events)
     })

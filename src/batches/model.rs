@@ -121,9 +121,31 @@ pub struct BatchState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_files: Option<ReservedFiles>,
     /// Failed worker runs, by shard (see `batches.max_shard_retries`).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "counts_by_shard"
+    )]
     #[schemars(schema_with = "crate::k8s::schema::counts_by_shard")]
     pub shard_failures: std::collections::BTreeMap<u32, u32>,
+    /// On Kubernetes, `Complete` and `Failed` for `kubectl wait` (written with each status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<crate::k8s::conditions::Condition>,
+}
+
+/// A map keyed by shard index, from JSON's string keys. serde_json would turn them into
+/// integers itself, but decoders that go through a generic value first (kube's
+/// `DeserializeGuard`) don't.
+fn counts_by_shard<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<std::collections::BTreeMap<u32, u32>, D::Error> {
+    let raw: std::collections::BTreeMap<String, u32> = Deserialize::deserialize(deserializer)?;
+    raw.into_iter()
+        .map(|(shard, count)| {
+            let shard = shard.parse().map_err(|_| serde::de::Error::custom(format!("shard index {shard:?}")))?;
+            Ok((shard, count))
+        })
+        .collect()
 }
 
 /// How a batch whose lines all have records ends.
@@ -174,6 +196,7 @@ impl BatchState {
             ending: None,
             reserved_files: None,
             shard_failures: std::collections::BTreeMap::new(),
+            conditions: Vec::new(),
         }
     }
 }

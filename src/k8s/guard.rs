@@ -50,6 +50,33 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_with_shard_failures_decodes_through_the_guard() {
+        // The guard decodes through a generic value, where map keys stay strings.
+        let mut resource = BatchResource::new(
+            "batch-x",
+            crate::k8s::crd::BatchResourceSpec {
+                batch: crate::batches::BatchSpec {
+                    id: crate::ids::BatchId::generate(),
+                    project_id: crate::ids::ProjectId::generate(),
+                    input_file_id: crate::ids::FileId::generate(),
+                    endpoint: "/v1/chat/completions".into(),
+                    completion_window: "24h".into(),
+                    metadata: Default::default(),
+                    created_at: 1,
+                    expires_at: 2,
+                    plan: Default::default(),
+                },
+            },
+        );
+        let mut state = crate::batches::BatchState::in_progress(1, 3);
+        state.shard_failures.insert(0, 2);
+        resource.status = Some(state);
+        let guard: DeserializeGuard<BatchResource> =
+            serde_json::from_value(serde_json::to_value(&resource).unwrap()).unwrap();
+        assert_eq!(guard.0.expect("decodes").status.unwrap().shard_failures.get(&0), Some(&2));
+    }
+
+    #[test]
     fn an_object_that_fails_to_decode_is_reported_and_left_out() {
         let mut reported = Vec::new();
         let bad = guard(json!({"id": "../x"}));

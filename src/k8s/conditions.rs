@@ -1,0 +1,148 @@
+//! A Batch's `status.conditions`, as kubectl users expect them: `Complete` once the batch
+//! completed, `Failed` once it failed, expired or was cancelled (the reason says which),
+//! so that `kubectl wait --for=condition=Complete batch/NAME` works. Pure: derived from the
+//! state each time a status is written.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::batches::{BatchState, Status};
+use crate::clock::UnixSeconds;
+
+/// One condition, in Kubernetes' shape (`metav1.Condition`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    pub reason: String,
+    /// Omitted when empty (the test API server reads an empty string here as null).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// RFC 3339, when `status` last changed.
+    pub last_transition_time: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The conditions of `state`, keeping each one's transition time from `previous` while its
+/// status stays the same.
+pub fn conditions(
+    state: &BatchState,
+    previous: &[Condition],
+    generation: Option<i64>,
+    now: UnixSeconds,
+) -> Vec<Condition> {
+    let counts = state.request_counts;
+    let reason = pascal(state.status.as_str());
+    let ended = match state.status {
+        Status::Completed => {
+            Some(("Complete", format!("{} completed, {} failed of {}", counts.completed, counts.failed, counts.total)))
+        }
+        Status::Failed => Some(("Failed", state.errors.first().map(|e| e.message.clone()).unwrap_or_default())),
+        Status::Expired => Some((
+            "Failed",
+            format!(
+                "the completion window elapsed: {} of {} lines ran",
+                counts.completed + counts.failed,
+                counts.total
+            ),
+        )),
+        Status::Cancelled => {
+            Some(("Failed", format!("cancelled: {} of {} lines ran", counts.completed + counts.failed, counts.total)))
+        }
+        _ => None,
+    };
+    ["Complete", "Failed"]
+        .into_iter()
+        .map(|type_| {
+            let message = ended.as_ref().filter(|(holds, _)| *holds == type_).map(|(_, message)| message.clone());
+            let status = if message.is_some() { "True" } else { "False" };
+            let since = previous
+                .iter()
+                .find(|c| c.type_ == type_ && c.status == status)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or_else(|| rfc3339(now));
+            Condition {
+                type_: type_.into(),
+                status: status.into(),
+                reason: reason.clone(),
+                message: message.unwrap_or_default(),
+                last_transition_time: since,
+                observed_generation: generation,
+            }
+        })
+        .collect()
+}
+
+/// `state` as it is written to a Batch whose status was `previous`: with its conditions.
+pub fn with_conditions(state: &BatchState, previous: Option<&BatchState>, generation: Option<i64>) -> BatchState {
+    let previous = previous.map(|p| p.conditions.as_slice()).unwrap_or_default();
+    BatchState { conditions: conditions(state, previous, generation, crate::clock::now()), ..state.clone() }
+}
+
+/// `in_progress` → `InProgress`.
+fn pascal(snake: &str) -> String {
+    snake.split('_').map(|word| word[..1].to_ascii_uppercase() + &word[1..]).collect()
+}
+
+fn rfc3339(at: UnixSeconds) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(at).map(|t| t.to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batches::BatchError;
+
+    fn of(conditions: &[Condition], type_: &str) -> Condition {
+        conditions.iter().find(|c| c.type_ == type_).cloned().expect(type_)
+    }
+
+    #[test]
+    fn complete_and_failed_follow_the_status() {
+        #[rustfmt::skip]
+        let table = [
+            (Status::InProgress, "False", "False", "InProgress"),
+            (Status::Finalizing, "False", "False", "Finalizing"),
+            (Status::Cancelling, "False", "False", "Cancelling"),
+            (Status::Completed,  "True",  "False", "Completed"),
+            (Status::Failed,     "False", "True",  "Failed"),
+            (Status::Expired,    "False", "True",  "Expired"),
+            (Status::Cancelled,  "False", "True",  "Cancelled"),
+        ];
+        for (status, complete, failed, reason) in table {
+            let mut state = BatchState::in_progress(1, 4);
+            state.status = status;
+            let conditions = conditions(&state, &[], Some(2), 100);
+            assert_eq!(of(&conditions, "Complete").status, complete, "{status:?}");
+            assert_eq!(of(&conditions, "Failed").status, failed, "{status:?}");
+            assert_eq!(of(&conditions, "Failed").reason, reason, "{status:?}");
+            assert_eq!(of(&conditions, "Complete").observed_generation, Some(2));
+        }
+    }
+
+    #[test]
+    fn a_refused_batch_says_why_and_times_are_kept_until_a_status_changes() {
+        let state = BatchState::failed(
+            5,
+            vec![BatchError {
+                code: "invalid_request_error".into(),
+                message: "Line 3 is not valid JSON".into(),
+                line: Some(3),
+                param: None,
+            }],
+        );
+        let first = conditions(&state, &[], None, 1_800_000_000);
+        assert_eq!(of(&first, "Failed").message, "Line 3 is not valid JSON");
+        assert_eq!(of(&first, "Failed").last_transition_time, "2027-01-15T08:00:00Z");
+        let again = conditions(&state, &first, None, 1_800_000_999);
+        assert_eq!(again, first, "nothing changed, nothing moves");
+        let mut completed = BatchState::in_progress(1, 1);
+        completed.status = Status::Completed;
+        let after = conditions(&completed, &first, None, 1_800_000_999);
+        assert_ne!(of(&after, "Failed").last_transition_time, of(&first, "Failed").last_transition_time);
+    }
+}
