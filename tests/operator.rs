@@ -315,9 +315,9 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
     // `kubectl get batches` shows status, counts and age.
     let table = operator.kubectl(&["get", "batches", "-n", NS]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "STATUS", "COMPLETED", "FAILED", "TOTAL", "AGE"], "{table}");
+    assert_eq!(header, ["NAME", "STATUS", "PROGRESS", "COMPLETED", "FAILED", "TOTAL", "AGE"], "{table}");
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
-    assert_eq!(&row[1..5], ["completed", "20", "0", "20"], "{table}");
+    assert_eq!(&row[1..6], ["completed", "100%", "20", "0", "20"], "{table}");
     let short = operator.kubectl(&["get", "nsb", "-n", NS, "-o", "name"]);
     assert!(short.starts_with("batch.nightshift.dev/batch-"), "{short}");
     let category = operator.kubectl(&["get", "nightshift", "-n", NS, "-o", "name"]);

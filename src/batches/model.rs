@@ -131,6 +131,9 @@ pub struct BatchState {
     /// On Kubernetes, `Complete` and `Failed` for `kubectl wait` (written with each status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<crate::k8s::conditions::Condition>,
+    /// On Kubernetes, the share of lines with a record (`kubectl get batches`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub progress: String,
 }
 
 /// A map keyed by shard index, from JSON's string keys. serde_json would turn them into
@@ -197,6 +200,7 @@ impl BatchState {
             reserved_files: None,
             shard_failures: std::collections::BTreeMap::new(),
             conditions: Vec::new(),
+            progress: String::new(),
         }
     }
 }

@@ -77,10 +77,23 @@ pub fn conditions(
         .collect()
 }
 
-/// `state` as it is written to a Batch whose status was `previous`: with its conditions.
-pub fn with_conditions(state: &BatchState, previous: Option<&BatchState>, generation: Option<i64>) -> BatchState {
+/// `state` as it is written to a Batch whose status was `previous`: with its conditions and
+/// its progress (for `kubectl get batches`).
+pub fn kubernetes_status(state: &BatchState, previous: Option<&BatchState>, generation: Option<i64>) -> BatchState {
     let previous = previous.map(|p| p.conditions.as_slice()).unwrap_or_default();
-    BatchState { conditions: conditions(state, previous, generation, crate::clock::now()), ..state.clone() }
+    BatchState {
+        conditions: conditions(state, previous, generation, crate::clock::now()),
+        progress: progress(state),
+        ..state.clone()
+    }
+}
+
+/// The share of lines with a record, as a whole percentage: `0%` … `100%`.
+pub fn progress(state: &BatchState) -> String {
+    let counts = state.request_counts;
+    let done = counts.completed + counts.failed;
+    let percent = (done.min(counts.total) * 100).checked_div(counts.total).unwrap_or(0);
+    format!("{percent}%")
 }
 
 /// `in_progress` → `InProgress`.
@@ -99,6 +112,17 @@ mod tests {
 
     fn of(conditions: &[Condition], type_: &str) -> Condition {
         conditions.iter().find(|c| c.type_ == type_).cloned().expect(type_)
+    }
+
+    #[test]
+    fn progress_is_the_share_of_lines_with_a_record() {
+        let mut state = BatchState::in_progress(1, 3);
+        assert_eq!(progress(&state), "0%");
+        state.request_counts.completed = 1;
+        assert_eq!(progress(&state), "33%", "rounded down: 100% only when every line has one");
+        state.request_counts.failed = 2;
+        assert_eq!(progress(&state), "100%");
+        assert_eq!(progress(&BatchState::failed(1, Vec::new())), "0%", "no lines");
     }
 
     #[test]

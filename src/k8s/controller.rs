@@ -24,7 +24,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::conditions::with_conditions;
+use super::conditions::kubernetes_status;
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
 use super::guard::valid_only;
 use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
@@ -431,7 +431,7 @@ async fn write_status(
     state: &BatchState,
     ctx: &Context,
 ) -> Result<Option<BatchResource>, ControllerError> {
-    let state = with_conditions(state, resource.status.as_ref(), resource.metadata.generation);
+    let state = kubernetes_status(state, resource.status.as_ref(), resource.metadata.generation);
     let patch = json!({
         "apiVersion": "nightshift.dev/v1alpha1",
         "kind": "Batch",

@@ -31,6 +31,7 @@ pub const BATCH_LABEL: &str = "nightshift.dev/batch";
     root = "BatchResource",
     status = "BatchState",
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.status"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
     printcolumn = r#"{"name":"Completed","type":"integer","jsonPath":".status.request_counts.completed"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.request_counts.failed"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.request_counts.total"}"#,
@@ -135,7 +136,7 @@ mod tests {
         assert!(version.subresources.as_ref().unwrap().status.is_some());
         let columns: Vec<_> =
             version.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(columns, ["Status", "Completed", "Failed", "Total", "Age"]);
+        assert_eq!(columns, ["Status", "Progress", "Completed", "Failed", "Total", "Age"]);
         assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["nsb".to_owned()][..]));
         let schema = serde_json::to_value(&version.schema).unwrap();
         let metadata = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["metadata"];

@@ -10,7 +10,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
-use super::conditions::with_conditions;
+use super::conditions::kubernetes_status;
 use super::crd::{BatchResource, BatchResourceSpec, PROJECT_LABEL, resource_name};
 use super::guard::valid_only;
 use crate::batches::{Batch, BatchPage, BatchState, BatchStore, StateChange, Status, StoreError, UpdateError};
@@ -108,7 +108,8 @@ impl BatchStore for KubeBatchStore {
         // controller may add its finalizer in between (a conflict): it leaves a
         // status-less Batch alone, so re-read and write again.
         loop {
-            current.status = Some(with_conditions(&batch.state, current.status.as_ref(), current.metadata.generation));
+            current.status =
+                Some(kubernetes_status(&batch.state, current.status.as_ref(), current.metadata.generation));
             match self.api.replace_status(&name, &PostParams::default(), &current).await {
                 Ok(_) => return Ok(()),
                 Err(error) if is_conflict(&error) => current = self.api.get(&name).await.map_err(backend)?,
@@ -149,7 +150,7 @@ impl BatchStore for KubeBatchStore {
                 return Ok(batch);
             }
             resource.status =
-                Some(with_conditions(&batch.state, resource.status.as_ref(), resource.metadata.generation));
+                Some(kubernetes_status(&batch.state, resource.status.as_ref(), resource.metadata.generation));
             match self.api.replace_status(&name, &PostParams::default(), &resource).await {
                 Ok(_) => return Ok(batch),
                 Err(error) if is_conflict(&error) => continue,
