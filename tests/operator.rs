@@ -270,6 +270,31 @@ impl Operator {
     fn kubectl(&self, args: &[&str]) -> String {
         kubectl(&self.cluster, args)
     }
+
+    /// Waits for a Warning Event `reason` on the object `name`; returns its message.
+    async fn warning(&self, reason: &str, name: &str) -> String {
+        let selector = format!("type=Warning,reason={reason},involvedObject.name={name}");
+        eventually(&format!("a {reason} Warning on {name}"), 60, || async {
+            let message = self.kubectl(&[
+                "get",
+                "events",
+                "-n",
+                NS,
+                "--field-selector",
+                &selector,
+                "-o",
+                "jsonpath={.items[*].message}",
+            ]);
+            (!message.is_empty()).then_some(message)
+        })
+        .await
+    }
+
+    /// kubectl `args` that may fail (the test looks at how).
+    fn try_kubectl(&self, args: &[&str]) -> std::process::Output {
+        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        Command::new(kubectl).arg("--kubeconfig").arg(self.cluster.kubeconfig_path()).args(args).output().unwrap()
+    }
 }
 
 fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
@@ -494,14 +519,7 @@ async fn hand_made_objects_with_bad_ids_are_refused_by_the_api_server() {
     ] {
         let file = dir.path().join("object.json");
         std::fs::write(&file, object.to_string()).unwrap();
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-        let out = Command::new(kubectl)
-            .arg("--kubeconfig")
-            .arg(operator.cluster.kubeconfig_path())
-            .args(["apply", "-n", NS, "-f"])
-            .arg(&file)
-            .output()
-            .unwrap();
+        let out = operator.try_kubectl(&["apply", "-n", NS, "-f", file.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{field}: a bad id was accepted");
         assert!(stderr.contains(field) && stderr.contains("should match"), "{field}: {stderr}");
@@ -604,20 +622,7 @@ async fn a_corrupt_checkpoint_is_a_warning_event_not_a_retry_loop() {
         nightshift::storage::Key::parse(&format!("batches/{id}/shard-00000/checkpoint-99999999-zz.json")).unwrap();
     operator._s3.store().put(&key, bytes::Bytes::from_static(b"{not json")).await.unwrap();
     let name = resource_name(&nightshift::ids::BatchId::parse(&id).unwrap());
-    let message = eventually("a ReconcileFailed Warning on the Batch", 60, || async {
-        let events = operator.kubectl(&[
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            &format!("reason=ReconcileFailed,involvedObject.name={name}"),
-            "-o",
-            "jsonpath={.items[*].type} {.items[*].message}",
-        ]);
-        events.starts_with("Warning").then_some(events)
-    })
-    .await;
+    let message = operator.warning("ReconcileFailed", &name).await;
     assert!(message.contains("unreadable checkpoint"), "{message}");
 }
 
@@ -636,31 +641,10 @@ async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
     let path = file.path().join("bad.json");
     std::fs::write(&path, bad.to_string()).unwrap();
     eventually("the loosened schema to take effect", 30, || async {
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-        let out = Command::new(kubectl)
-            .arg("--kubeconfig")
-            .arg(operator.cluster.kubeconfig_path())
-            .args(["create", "-n", NS, "-f"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        out.status.success().then_some(())
+        operator.try_kubectl(&["create", "-n", NS, "-f", path.to_str().unwrap()]).status.success().then_some(())
     })
     .await;
-    let reported = eventually("an InvalidObject Warning on the Batch", 60, || async {
-        let events = operator.kubectl(&[
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "reason=InvalidObject,involvedObject.name=does-not-decode",
-            "-o",
-            "jsonpath={.items[*].type} {.items[*].message}",
-        ]);
-        events.starts_with("Warning").then_some(events)
-    })
-    .await;
+    let reported = operator.warning("InvalidObject", "does-not-decode").await;
     assert!(reported.contains("../x"), "{reported}");
     // Both watches go on: the api sees new Batches and the controller runs them.
     let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
