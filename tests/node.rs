@@ -263,6 +263,11 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
         let mounts = spec.containers[0].volume_mounts.clone().unwrap_or_default();
         assert!(mounts.iter().all(|m| !m.mount_path.starts_with("/var/run/secrets/kubernetes.io")), "{mounts:?}");
     }
+    // As kubectl users expect: a condition to wait on, and the progress column.
+    let name = resource_name(&nightshift::ids::BatchId::parse(&batch).unwrap());
+    installation.kubectl(&["wait", "--for=condition=Complete", "--timeout=30s", &format!("batch/{name}")]);
+    let progress = installation.kubectl(&["get", "batch", &name, "-o", "jsonpath={.status.progress}"]);
+    assert_eq!(progress, "100%");
     // The kubelet serves logs through the API server.
     let worker_log = installation.kubectl(&["logs", &workers[0].name_any()]);
     assert!(!worker_log.is_empty(), "a worker pod's log is readable through kubectl");

@@ -76,4 +76,31 @@ mod tests {
         shutdown.await.unwrap();
         assert!(fired.elapsed() >= delay, "still accepting for the whole delay");
     }
+
+    #[tokio::test]
+    async fn a_draining_server_is_unready_and_closes_every_connection() {
+        use tower::ServiceExt;
+
+        let drain = Drain::default();
+        let app = axum::Router::new()
+            .route("/readyz", axum::routing::get(readyz).with_state(drain.clone()))
+            .route("/other", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(drain.clone(), close_connections));
+        let get = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                app.oneshot(axum::http::Request::get(path).body(axum::body::Body::empty()).unwrap()).await.unwrap()
+            }
+        };
+        let serving = get("/readyz").await;
+        assert_eq!(serving.status(), StatusCode::OK);
+        assert!(serving.headers().get(header::CONNECTION).is_none(), "keep-alive while serving");
+
+        drain.clone().on(async {}, Duration::ZERO).await;
+        let draining = get("/readyz").await;
+        assert_eq!(draining.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let other = get("/other").await;
+        assert_eq!(other.status(), StatusCode::OK, "requests are still answered");
+        assert_eq!(other.headers().get(header::CONNECTION).unwrap(), "close");
+    }
 }

@@ -47,7 +47,6 @@ const BRIDGE: &str = "nsbr0";
 /// (containers killed, mounts removed) when dropped.
 pub struct RealNode {
     components: Vec<Component>,
-    host: Ipv4Addr,
     containerd_socket: PathBuf,
     ctr: PathBuf,
     podman: PathBuf,
@@ -66,7 +65,6 @@ impl RealNode {
         let ctr = tool("node", "CTR");
         let mut node = RealNode {
             components: Vec::new(),
-            host,
             containerd_socket: d.join("containerd/containerd.sock"),
             ctr,
             podman: tool("node", "PODMAN"),
@@ -163,11 +161,6 @@ impl RealNode {
         }
         eprintln!("[node] {NODE_NAME} ready in {:.1?} (dir {})", started.elapsed(), d.display());
         node
-    }
-
-    /// The host address pods reach (S3, upstreams, the API server).
-    pub fn host(&self) -> Ipv4Addr {
-        self.host
     }
 
     /// Copies images from podman's store into the node's containerd (namespace `k8s.io`), as
