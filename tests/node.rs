@@ -248,7 +248,13 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     let batch = batch_id(&lines);
     let jobs = installation.api::<Job>().await.list(&ListParams::default().labels(&batch_selector(&batch))).await;
     assert_eq!(jobs.unwrap().items.len(), 3, "one Job per shard of {SHARD_LINES} lines");
-    let workers = installation.pods(&batch_selector(&batch)).await;
+    // The batch can be done before the kubelet reports its pods' exit: wait for the phases.
+    let workers = eventually("the worker pods to be reported Succeeded", 60, || async {
+        let pods = installation.pods(&batch_selector(&batch)).await;
+        let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone());
+        pods.iter().all(|p| phase(p).as_deref() == Some("Succeeded")).then_some(pods)
+    })
+    .await;
     assert_eq!(workers.len(), 3, "one pod per Job, none retried");
     for pod in &workers {
         let spec = pod.spec.as_ref().unwrap();
@@ -299,9 +305,13 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
     check_results(&lines, 20);
     let job_name = victim.labels().get("job-name").unwrap().clone();
-    let job = installation.api::<Job>().await.get(&job_name).await.unwrap();
-    let status = job.status.unwrap();
-    assert_eq!((status.failed, status.succeeded), (Some(1), Some(1)), "the killed pod failed, the next one finished");
+    // The Job controller counts pods after the kubelet reports them, maybe after the batch is done.
+    let counts = eventually("the Job to count the killed pod and the finished one", 60, || async {
+        let status = installation.api::<Job>().await.get(&job_name).await.ok()?.status?;
+        status.succeeded.map(|_| (status.failed, status.succeeded))
+    })
+    .await;
+    assert_eq!(counts, (Some(1), Some(1)), "the killed pod failed, the next one finished");
     // The batches of every phase use the custom_ids line-0, line-1, ...: count this one's calls.
     let resent: u32 = upstream
         .all_calls()
