@@ -45,3 +45,7 @@ image TAG="nightshift:0.1.0":
     cargo build --release --locked
     mkdir -p target/image && strip -o target/image/nightshift target/release/nightshift
     ${CONTAINER:-docker} build --build-arg BINARY=prebuilt -f Dockerfile -t {{TAG}} target/image
+
+# Regenerate the chart's values.schema.json and README.md from the comments of its values.yaml.
+chart-docs:
+    NIGHTSHIFT_BLESS=1 cargo test --test chart -- the_values_schema_and_the_chart_readme_are_generated

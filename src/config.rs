@@ -311,6 +311,31 @@ pub struct WorkerTemplate {
     pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
     #[serde(default)]
     pub pod_security_context: Option<k8s_openapi::api::core::v1::PodSecurityContext>,
+    /// Labels of worker Jobs and their pods, beside the standard `app.kubernetes.io/*`
+    /// ones and Nightshift's own (which win).
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Annotations of worker pods.
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    /// Finished Jobs are deleted this long after they finish (the Batch's deletion
+    /// removes them otherwise). Leave the controller time to see a failure: a minute or more.
+    #[serde(default)]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// A shard's run that takes longer fails (and is retried within the failure budget).
+    #[serde(default)]
+    pub active_deadline_seconds: Option<i64>,
+    /// Create Jobs suspended, for an admission system (such as Kueue) to start them.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Kueue's LocalQueue for worker Jobs (label `kueue.x-k8s.io/queue-name`); Jobs are
+    /// then created suspended and Kueue starts them when it admits them.
+    #[serde(default)]
+    pub queue_name: Option<String>,
 }
 
 fn default_worker_image() -> String {
@@ -340,6 +365,14 @@ impl Default for WorkerTemplate {
             tolerations: Vec::new(),
             security_context: None,
             pod_security_context: None,
+            labels: Default::default(),
+            annotations: Default::default(),
+            affinity: None,
+            priority_class_name: None,
+            ttl_seconds_after_finished: None,
+            active_deadline_seconds: None,
+            suspend: false,
+            queue_name: None,
         }
     }
 }
@@ -349,7 +382,7 @@ pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a valid configuration: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse { path: PathBuf, source: serde_yaml_ng::Error },
     #[error("{0}")]
     Invalid(String),
 }
@@ -369,7 +402,7 @@ impl Config {
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: PathBuf::new(), source })?
+            serde_yaml_ng::from_str(text).map_err(|source| ConfigError::Parse { path: PathBuf::new(), source })?
         };
         config.check()?;
         Ok(config)

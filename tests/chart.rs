@@ -51,7 +51,7 @@ fn render(namespace: &str, args: &[&str]) -> String {
 
 /// The documents of a multi-document YAML stream, as JSON values (empty ones skipped).
 fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_yaml_ng::Deserializer::from_str(yaml)
         .map(|document| Value::deserialize(document).expect("helm renders valid YAML"))
         .filter(|document| !document.is_null())
         .collect()
@@ -118,6 +118,91 @@ fn every_key_of_values_yaml_is_documented() {
         }
     }
     assert!(undocumented.is_empty(), "keys without a comment above them:\n{}", undocumented.join("\n"));
+}
+
+const README_HEADER: &str =
+    "<!-- Generated from values.yaml by tests/chart.rs: edit values.yaml, then run `just chart-docs`. -->
+# The Nightshift Helm chart
+
+Nightshift's api, controller and worker Jobs on Kubernetes. `docs/kubernetes.md` (in the
+repository) walks through a whole installation: the image, S3, an upstream, a project, the
+ingress. The CRDs are in `crds/`; Helm installs them on the first install only.
+
+```sh
+helm install nightshift charts/nightshift -n nightshift --create-namespace -f my-values.yaml
+```
+
+Helm checks the values against `values.schema.json`: a misspelled key or a wrong type is
+refused before anything is applied.
+
+## Values
+
+";
+
+/// Compares a generated file with the committed one, or writes it with NIGHTSHIFT_BLESS=1.
+fn generated(path: &str, text: &str) {
+    let path = format!("{CHART}/{path}");
+    if std::env::var_os("NIGHTSHIFT_BLESS").is_some() {
+        std::fs::write(&path, text).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(committed == text, "{path} is stale: run `just chart-docs` (it regenerates it from values.yaml)");
+}
+
+#[test]
+fn the_values_schema_and_the_chart_readme_are_generated_from_values_yaml() {
+    let values = std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap();
+    let schema = common::values_doc::schema(&values);
+    generated("values.schema.json", &(serde_json::to_string_pretty(&schema).unwrap() + "\n"));
+    generated("README.md", &format!("{README_HEADER}{}", common::values_doc::readme_table(&values)));
+}
+
+#[test]
+fn every_value_the_templates_read_is_in_values_yaml() {
+    let values: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap()).unwrap();
+    let mut templates = String::new();
+    for entry in std::fs::read_dir(format!("{CHART}/templates")).unwrap() {
+        templates.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+    }
+    let references = common::values_doc::template_references(&templates);
+    assert!(references.len() > 30, "{references:?}");
+    let missing: Vec<&String> = references
+        .iter()
+        .filter(|path| path.split('.').try_fold(&values, |value, key| value.get(key)).is_none())
+        .collect();
+    assert!(missing.is_empty(), "read by templates, absent from values.yaml (so undocumented): {missing:?}");
+}
+
+#[test]
+fn helm_refuses_values_the_schema_does_not_allow() {
+    let home = TempDir::new().unwrap();
+    let template = |set: &str| {
+        helm(home.path())
+            .args(["template", RELEASE, CHART, "--kube-version", KUBE_VERSION, "--set", set])
+            .output()
+            .unwrap()
+    };
+    for (bad, what) in [
+        ("worker.nodeSelecter.gpu=true", "nodeSelecter"),
+        ("api.replicas=two", "replicas"),
+        ("controller.leaseSeconds=", "leaseSeconds"),
+    ] {
+        let output = template(bad);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "--set {bad} was accepted");
+        assert!(stderr.contains("schema") && stderr.contains(what), "--set {bad}: {stderr}");
+    }
+    // Free-form maps take any key; nullable numbers take numbers.
+    for good in [
+        "worker.nodeSelector.gpu=true",
+        "securityContext.procMount=Default",
+        "ingress.annotations.x=y",
+        "worker.ttlSecondsAfterFinished=600",
+    ] {
+        let output = template(good);
+        assert!(output.status.success(), "--set {good}: {}", String::from_utf8_lossy(&output.stderr));
+    }
 }
 
 #[test]
@@ -334,6 +419,15 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert!(config.storage.s3.as_ref().unwrap().path_style);
     assert_eq!(config.kubernetes.worker.node_selector.get("gpu-pool").map(String::as_str), Some("true"));
     assert_eq!(config.kubernetes.worker.tolerations.len(), 1);
+    // Worker Jobs shaped for a GPU cluster under Kueue.
+    let worker = &config.kubernetes.worker;
+    assert!(worker.affinity.as_ref().unwrap().node_affinity.is_some());
+    assert_eq!(worker.priority_class_name.as_deref(), Some("batch-low"));
+    assert_eq!(worker.labels["team"], "research");
+    assert_eq!(worker.labels["app.kubernetes.io/instance"], "nightshift");
+    assert_eq!(worker.annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
+    assert_eq!((worker.ttl_seconds_after_finished, worker.active_deadline_seconds), (Some(3600), Some(86400)));
+    assert_eq!(worker.queue_name.as_deref(), Some("gpu-batch"));
 
     // A newer cluster gets policy/v1.
     let docs =
@@ -578,10 +672,10 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
 
     // The ConfigMap's configuration, for local processes: the same file, except that
     // workers (run by the stand-in kubelet on this machine) find it at a local path.
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&rendered_config(&docs)).unwrap();
+    let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&rendered_config(&docs)).unwrap();
     let config_path = dir.path().join("config.yaml");
     config["kubernetes"]["worker"]["config_path"] = config_path.display().to_string().into();
-    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    std::fs::write(&config_path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
     let config_arg = config_path.display().to_string();
 
     // Tokens of the chart's own ServiceAccounts, bound only to the chart's Roles.

@@ -364,7 +364,7 @@ async fn every_response_carries_a_request_id_and_router_errors_use_the_envelope(
 }
 
 #[tokio::test]
-async fn cors_preflight_answers_204() {
+async fn cors_preflight_answers_before_routing_and_authentication() {
     let (_b, app) = app().await;
     let request = Request::builder()
         .method("OPTIONS")
@@ -375,11 +375,19 @@ async fn cors_preflight_answers_204() {
         .body(Body::empty())
         .unwrap();
     let answer = app.send(request).await;
-    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.headers["access-control-allow-origin"], "*");
+    assert_eq!(answer.headers["access-control-max-age"], "86400");
+    assert!(answer.headers["access-control-allow-methods"].to_str().unwrap().contains("DELETE"));
     assert!(answer.headers["access-control-allow-headers"].to_str().unwrap().contains("x-project-id"));
     assert!(answer.headers.contains_key("x-request-id"));
     assert!(answer.body.is_empty());
+    // An actual request from a page: its answer, error or not, is readable by the page.
+    let request = Request::builder().uri("/v1/files").header("origin", "http://example.test").body(Body::empty());
+    let answer = app.send(request.unwrap()).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer.headers["access-control-allow-origin"], "*");
+    assert_eq!(answer.headers["access-control-expose-headers"], "x-request-id");
 }
 
 /// A store whose every call fails, with a detail that must never reach a client.

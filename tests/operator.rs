@@ -7,18 +7,20 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use common::TestS3;
 use common::cluster::{Kubelet, TestCluster, eventually};
 use common::process::{Process, spawn};
+use common::proxy::Partition;
 use common::upstream::MockUpstream;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::core::CustomResourceExt;
 use nightshift::k8s::crd::{BATCH_LABEL, BatchResource, ProjectResource, resource_name};
@@ -48,11 +50,9 @@ struct Operator {
 impl Drop for Operator {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for log in ["controller-1.log", "controller-2.log"] {
-                let path = self.dir.path().join(log);
-                if path.exists() {
-                    common::cluster::print_tail(log, &path);
-                }
+            let logs = std::fs::read_dir(self.dir.path()).unwrap().filter_map(Result::ok).map(|e| e.path());
+            for path in logs.filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("controller-")) {
+                common::cluster::print_tail(&path.file_name().unwrap().to_string_lossy(), &path);
             }
         }
     }
@@ -219,8 +219,13 @@ impl Operator {
 
     /// Starts a controller replica when called, on any thread (a standby blocks until it leads).
     fn controller_starter(&self, identity: &str) -> impl FnOnce() -> Process + Send + 'static {
+        self.controller_starter_with(identity, &self.controller_kubeconfig)
+    }
+
+    /// As `controller_starter`, reaching the API server as `kubeconfig` says.
+    fn controller_starter_with(&self, identity: &str, kubeconfig: &Path) -> impl FnOnce() -> Process + Send + 'static {
         let mut env = self.env.clone();
-        env.push(("KUBECONFIG", self.controller_kubeconfig.display().to_string()));
+        env.push(("KUBECONFIG", kubeconfig.display().to_string()));
         let config = self.config.display().to_string();
         let log = self.dir.path().join(format!("{identity}.log"));
         let identity = identity.to_owned();
@@ -381,6 +386,21 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
         "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}",
     ]);
     assert_eq!(reason, "Failed");
+    // Status is only ever applied (server-side apply), by each role under its own field
+    // manager; being atomic, it belongs whole to the role that applied it last.
+    let batches = Api::<BatchResource>::namespaced(operator.cluster.client().await, NS);
+    let status_owners = |batch: BatchResource| -> Vec<String> {
+        let entries = batch.metadata.managed_fields.unwrap_or_default();
+        let owns_status = |e: &ManagedFieldsEntry| e.fields_v1.as_ref().is_some_and(|f| f.0.get("f:status").is_some());
+        let owners = entries.iter().filter(|e| owns_status(e));
+        owners
+            .map(|e| format!("{}/{}", e.manager.clone().unwrap_or_default(), e.operation.clone().unwrap_or_default()))
+            .collect()
+    };
+    let refused = batches.get(failed.trim()).await.unwrap();
+    assert_eq!(status_owners(refused), ["nightshift-api/Apply"]);
+    let completed = batches.get(short.trim().rsplit('/').next().unwrap()).await.unwrap();
+    assert_eq!(status_owners(completed), ["nightshift-controller/Apply"]);
     let events = operator.kubectl(&["get", "events", "-n", NS]);
     assert!(events.contains("Finished"), "{events}");
 
@@ -452,6 +472,57 @@ async fn the_controller_restarted_mid_batch_loses_nothing_and_a_standby_takes_ov
     let custom_ids: Vec<String> = (0..40).map(|n| format!("line-{n}")).collect();
     let results = client.results(&batch, &custom_ids).await;
     assert_eq!(results.output.len(), 40);
+}
+
+/// The time of the first line of a log that contains `text` (tracing's RFC 3339 UTC
+/// timestamps, all of one width: they order as strings).
+fn log_time(log: &Path, text: &str) -> String {
+    let log = std::fs::read_to_string(log).unwrap();
+    let line = log.lines().find(|line| line.contains(text)).unwrap_or_else(|| panic!("no {text:?} in {log}"));
+    line.split_whitespace().next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_steps_down_before_a_standby_leads() {
+    let mut operator = Operator::start(10, Duration::from_millis(100), 2).await;
+    // The leader reaches the API server through a proxy that can partition it.
+    let server = operator.cluster.server_url();
+    let partition = Partition::start(server.trim_start_matches("https://").parse().unwrap()).await;
+    let kubeconfig = operator.dir.path().join("kubeconfig-partitioned");
+    let direct = std::fs::read_to_string(&operator.controller_kubeconfig).unwrap();
+    std::fs::write(&kubeconfig, direct.replace(&server, &format!("https://{}", partition.addr))).unwrap();
+    drop(operator.controller.take());
+    let start_leader = operator.controller_starter_with("controller-a", &kubeconfig);
+    let mut leader = tokio::task::spawn_blocking(start_leader).await.unwrap();
+    let standby = std::thread::spawn(operator.controller_starter("controller-b"));
+
+    let created = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40"), ("CREATE_ONLY", "1")]));
+    let id = created[0]["id"].as_str().unwrap().to_owned();
+    eventually("lines done", 60, || {
+        let calls = operator.upstream.total_calls();
+        async move { (calls >= 5).then_some(()) }
+    })
+    .await;
+    assert!(!standby.is_finished(), "the standby waits while the leader renews");
+    partition.cut();
+
+    let _standby = tokio::task::spawn_blocking(move || standby.join().unwrap()).await.unwrap();
+    let mut waited = 0;
+    while leader.0.try_wait().unwrap().is_none() {
+        assert!(waited < 100, "the cut-off leader exits after stepping down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    let dir = operator.dir.path();
+    let stepped_down = log_time(&dir.join("controller-a.log"), "stepping down");
+    let took_over = log_time(&dir.join("controller-b.log"), ": leading");
+    eprintln!("[partition] cut; controller-a stepped down at {stepped_down}; controller-b led at {took_over}");
+    assert!(stepped_down < took_over, "controller-a stepped down at {stepped_down}, controller-b led at {took_over}");
+
+    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
+    assert_eq!(batch["status"], "completed", "the new leader finishes the batch: {batch}");
+    assert_eq!(batch["request_counts"]["completed"], 40);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,14 +1,15 @@
-//! Cross-cutting layers: request ids and logging, CORS, authentication, and the
-//! envelope for the router's own 404 and 405.
+//! Cross-cutting layers: request ids and logging, panics as 500 envelopes, CORS,
+//! authentication, and the envelope for the router's own 404 and 405.
 
-use std::panic::AssertUnwindSafe;
-use std::time::Instant;
+use std::any::Any;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures_util::FutureExt;
+use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer, ExposeHeaders};
 use tracing::Instrument;
 
 use super::AppState;
@@ -19,8 +20,7 @@ use crate::metrics::{HttpLabels, METRICS};
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Gives every exchange a `req_…` id (header and log span), logs its outcome, and
-/// turns a panic in a handler into a 500 envelope instead of a dropped connection.
+/// Gives every exchange a `req_…` id (header and log span) and logs its outcome.
 pub async fn request_id(request: Request, next: Next) -> Response {
     let id = RequestId::generate();
     let started = Instant::now();
@@ -37,9 +37,7 @@ pub async fn request_id(request: Request, next: Next) -> Response {
         project = tracing::field::Empty,
     );
     let mut response = async move {
-        let outcome = AssertUnwindSafe(next.run(request)).catch_unwind().await;
-        let response =
-            outcome.unwrap_or_else(|_| ApiError::internal("internal_error", "handler panicked").into_response());
+        let response = next.run(request).await;
         let status = response.status().as_u16();
         let elapsed_ms = started.elapsed().as_millis() as u64;
         if response.status().is_server_error() {
@@ -59,25 +57,52 @@ pub async fn request_id(request: Request, next: Next) -> Response {
     response
 }
 
-const ALLOWED_HEADERS: &str = "authorization, content-type, x-api-key, x-project-id, openai-organization, \
-    openai-project, x-stainless-arch, x-stainless-lang, x-stainless-os, x-stainless-package-version, \
-    x-stainless-runtime, x-stainless-runtime-version, x-stainless-retry-count, x-stainless-timeout";
+/// Turns a panic in a handler into the 500 envelope, instead of a dropped connection.
+/// It sits inside `request_id`, so that the answer still carries the request's id.
+pub fn catch_panic() -> CatchPanicLayer<PanicEnvelope> {
+    CatchPanicLayer::custom(PanicEnvelope)
+}
 
-/// Browsers may call the API from any origin (auth is by header, never by cookie):
-/// preflights answer 204 and every response carries the CORS headers.
-pub async fn cors(request: Request, next: Next) -> Response {
-    let is_preflight =
-        request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let mut response = if is_preflight { StatusCode::NO_CONTENT.into_response() } else { next.run(request).await };
-    let headers = response.headers_mut();
-    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
-    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static("x-request-id"));
-    if is_preflight {
-        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE, OPTIONS"));
-        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOWED_HEADERS));
-        headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("86400"));
+#[derive(Clone, Copy)]
+pub struct PanicEnvelope;
+
+impl ResponseForPanic for PanicEnvelope {
+    type ResponseBody = axum::body::Body;
+
+    fn response_for_panic(&mut self, panic: Box<dyn Any + Send + 'static>) -> Response {
+        let message =
+            panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+        let detail = format!("handler panicked: {}", message.unwrap_or("(not a string)"));
+        ApiError::internal("internal_error", detail).into_response()
     }
-    response
+}
+
+const ALLOWED_HEADERS: [&str; 14] = [
+    "authorization",
+    "content-type",
+    "x-api-key",
+    "x-project-id",
+    "openai-organization",
+    "openai-project",
+    "x-stainless-arch",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+];
+
+/// Browsers may call the API from any origin (auth is by header, never by cookie): every
+/// response carries the CORS headers and preflights are answered before routing.
+pub fn cors() -> CorsLayer {
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::any())
+        .allow_methods(AllowMethods::list([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS]))
+        .allow_headers(AllowHeaders::list(ALLOWED_HEADERS.map(HeaderName::from_static)))
+        .expose_headers(ExposeHeaders::list([REQUEST_ID_HEADER]))
+        .max_age(Duration::from_secs(86400))
 }
 
 /// Authenticates `x-project-id` + `x-api-key` and hands the project to the handler.
@@ -113,4 +138,32 @@ pub async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiErro
         Some("method_not_allowed"),
         format!("Method {method} is not allowed for {}", uri.path()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::middleware::from_fn;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn boom() -> &'static str {
+        panic!("a bug")
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_the_500_envelope_with_its_request_id() {
+        let router = Router::new().route("/boom", get(boom)).layer(catch_panic()).layer(from_fn(request_id));
+        let response = router.oneshot(Request::get("/boom").body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers()[REQUEST_ID_HEADER].to_str().unwrap().starts_with("req_"));
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["type"], "internal_error", "{body}");
+        assert_eq!(body["error"]["code"], "internal_error", "{body}");
+        assert!(!body.to_string().contains("a bug"), "the panic's text stays in the log: {body}");
+    }
 }

@@ -45,7 +45,8 @@ async fn metrics() -> impl axum::response::IntoResponse {
     )
 }
 
-/// The whole API. Layers run outside in: request id and logging, CORS, then routing;
+/// The whole API. Layers run outside in: request id and logging, draining, panics as
+/// 500s, CORS, then routing;
 /// authentication wraps only the matched routes, so unknown URLs answer 404 as such.
 pub fn router(state: AppState) -> Router {
     let drain = state.drain.clone();
@@ -61,7 +62,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
-        .layer(from_fn(middleware::cors))
+        .layer(middleware::cors())
+        .layer(middleware::catch_panic())
         .layer(from_fn_with_state(drain, drain::close_connections))
         .layer(from_fn(middleware::request_id))
 }

@@ -24,11 +24,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::conditions::kubernetes_status;
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
 use super::guard::valid_only;
 use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
-use super::store::to_batch;
+use super::store::{apply_status, to_batch};
 use crate::batches::{Batch, BatchState};
 use crate::clock;
 use crate::config::WorkerTemplate;
@@ -431,19 +430,7 @@ async fn write_status(
     state: &BatchState,
     ctx: &Context,
 ) -> Result<Option<BatchResource>, ControllerError> {
-    let state = kubernetes_status(state, resource.status.as_ref(), resource.metadata.generation);
-    let patch = json!({
-        "apiVersion": "nightshift.dev/v1alpha1",
-        "kind": "Batch",
-        "metadata": {"name": resource.name_any(), "resourceVersion": resource.resource_version()},
-        "status": state,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    match ctx.batches().patch_status(&resource.name_any(), &params, &Patch::Apply(&patch)).await {
-        Ok(written) => Ok(Some(written)),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
-        Err(error) => Err(error.into()),
-    }
+    Ok(apply_status(&ctx.batches(), FIELD_MANAGER, resource, state).await?)
 }
 
 async fn delete_job(ctx: &Context, name: &str) -> Result<(), ControllerError> {

@@ -14,6 +14,8 @@ use crate::drive::WorkerPhase;
 use crate::validate::Shard;
 
 pub const SHARD_LABEL: &str = "nightshift.dev/shard";
+/// The label that names a Job's Kueue LocalQueue.
+pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// Which run of the shard a Job is: the shard's failed runs before it.
 pub const ATTEMPT_LABEL: &str = "nightshift.dev/attempt";
 
@@ -37,12 +39,26 @@ pub fn shard_job(
     quota_left: Option<u64>,
 ) -> Job {
     let spec = &batch.spec.batch;
-    let labels = [
+    // Standard labels first, then the operator's own, then Nightshift's, which win.
+    let mut labels: BTreeMap<String, String> = [
+        ("app.kubernetes.io/name", "nightshift"),
+        ("app.kubernetes.io/component", "worker"),
+        ("app.kubernetes.io/managed-by", "nightshift-controller"),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value.to_owned()))
+    .collect();
+    labels.extend(template.labels.clone());
+    labels.extend([
         (BATCH_LABEL.to_owned(), resource_name(&spec.id)),
         (PROJECT_LABEL.to_owned(), spec.project_id.to_string()),
         (SHARD_LABEL.to_owned(), shard.index.to_string()),
         (ATTEMPT_LABEL.to_owned(), attempt.to_string()),
-    ];
+    ]);
+    let mut job_labels = labels.clone();
+    if let Some(queue) = &template.queue_name {
+        job_labels.insert(QUEUE_LABEL.to_owned(), queue.clone());
+    }
     let mut args = vec![
         "worker".to_owned(),
         format!("--config={}", template.config_path),
@@ -74,14 +90,22 @@ pub fn shard_job(
         metadata: ObjectMeta {
             name: Some(job_name(batch, shard.index, attempt)),
             namespace: batch.metadata.namespace.clone(),
-            labels: Some(labels.iter().cloned().collect()),
+            labels: Some(job_labels),
             owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
         spec: Some(JobSpec {
             backoff_limit: Some(template.backoff_limit),
+            active_deadline_seconds: template.active_deadline_seconds,
+            ttl_seconds_after_finished: template.ttl_seconds_after_finished,
+            // Admitted (unsuspended) by someone else; the controller never changes it.
+            suspend: (template.suspend || template.queue_name.is_some()).then_some(true),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels.into_iter().collect()), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: (!template.annotations.is_empty()).then(|| template.annotations.clone()),
+                    ..ObjectMeta::default()
+                }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".to_owned()),
                     service_account_name: template.service_account_name.clone(),
@@ -93,6 +117,8 @@ pub fn shard_job(
                     volumes: (!template.volumes.is_empty()).then(|| template.volumes.clone()),
                     node_selector: (!template.node_selector.is_empty()).then(|| template.node_selector.clone()),
                     tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+                    affinity: template.affinity.clone(),
+                    priority_class_name: template.priority_class_name.clone(),
                     security_context: template.pod_security_context.clone(),
                     ..PodSpec::default()
                 }),
@@ -193,6 +219,53 @@ mod tests {
         }
         assert_eq!(job_shard(&job), Some(2));
         assert_eq!(job_phase(&job), WorkerPhase::Running);
+    }
+
+    #[test]
+    fn a_shard_job_is_shaped_by_the_template_for_gpu_clusters_and_kueue() {
+        let shard = Shard { index: 0, first_request: 0, requests: 1, byte_start: 0, byte_end: 1 };
+        let plain = shard_job(&batch(), &shard, 0, &WorkerTemplate::default(), None);
+        let spec = plain.spec.as_ref().unwrap();
+        assert_eq!((spec.suspend, spec.ttl_seconds_after_finished, spec.active_deadline_seconds), (None, None, None));
+        let labels = plain.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/component"], "worker");
+        assert!(!labels.contains_key(QUEUE_LABEL));
+
+        let affinity: k8s_openapi::api::core::v1::Affinity = serde_json::from_value(serde_json::json!({
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}]}}
+        }))
+        .unwrap();
+        let template = WorkerTemplate {
+            labels: [("app.kubernetes.io/instance", "prod"), (SHARD_LABEL, "7")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+            annotations: [("cluster-autoscaler.kubernetes.io/safe-to-evict".to_owned(), "false".to_owned())].into(),
+            affinity: Some(affinity.clone()),
+            priority_class_name: Some("batch-low".into()),
+            ttl_seconds_after_finished: Some(3600),
+            active_deadline_seconds: Some(7200),
+            queue_name: Some("gpu-batch".into()),
+            ..WorkerTemplate::default()
+        };
+        let job = shard_job(&batch(), &shard, 0, &template, None);
+        let spec = job.spec.as_ref().unwrap();
+        assert_eq!(spec.suspend, Some(true), "a queued Job waits for Kueue to admit it");
+        assert_eq!((spec.ttl_seconds_after_finished, spec.active_deadline_seconds), (Some(3600), Some(7200)));
+        let labels = job.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[QUEUE_LABEL], "gpu-batch");
+        assert_eq!(labels["app.kubernetes.io/instance"], "prod");
+        assert_eq!(labels[SHARD_LABEL], "0", "Nightshift's labels win over the template's");
+        let pod_meta = spec.template.metadata.as_ref().unwrap();
+        assert_eq!(pod_meta.labels.as_ref().unwrap()["app.kubernetes.io/instance"], "prod");
+        assert!(!pod_meta.labels.as_ref().unwrap().contains_key(QUEUE_LABEL), "Kueue reads the Job's label");
+        assert_eq!(pod_meta.annotations.as_ref().unwrap()["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.affinity.as_ref(), Some(&affinity));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("batch-low"));
+        let suspended_only = WorkerTemplate { suspend: true, ..WorkerTemplate::default() };
+        let job = shard_job(&batch(), &shard, 0, &suspended_only, None);
+        assert_eq!(job.spec.unwrap().suspend, Some(true));
     }
 
     fn job_of(shard: u32, conditions: &[(&str, &str)]) -> Job {

@@ -12,12 +12,12 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// `nightshift api`: creates Batches and writes their first status and cancels;
+/// `nightshift api`: creates Batches and applies their first status and cancels;
 /// reads Projects and the Secrets holding their key hashes.
 pub fn api_rules() -> Vec<PolicyRule> {
     vec![
         rule("nightshift.dev", &["batches"], &["get", "list", "watch", "create"]),
-        rule("nightshift.dev", &["batches/status"], &["get", "update"]),
+        rule("nightshift.dev", &["batches/status"], &["get", "patch"]),
         rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),
         rule("", &["secrets"], &["get", "list", "watch"]),
     ]
@@ -28,7 +28,7 @@ pub fn api_rules() -> Vec<PolicyRule> {
 pub fn controller_rules() -> Vec<PolicyRule> {
     vec![
         rule("nightshift.dev", &["batches"], &["get", "list", "watch", "patch", "update"]),
-        rule("nightshift.dev", &["batches/status"], &["get", "patch", "update"]),
+        rule("nightshift.dev", &["batches/status"], &["get", "patch"]),
         rule("nightshift.dev", &["batches/finalizers"], &["update"]),
         rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),
         rule("nightshift.dev", &["projects/status"], &["get", "patch", "update"]),

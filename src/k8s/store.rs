@@ -1,13 +1,17 @@
 //! The batch store over Batch custom resources: reads from a watch cache (cheap and
-//! current), writes to the API server, with optimistic concurrency on status.
+//! current), writes to the API server. Status is written whole by server-side apply,
+//! each role under its own field manager, with the resourceVersion it was decided on
+//! as a precondition: a write that raced another fails with 409 and is decided again.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::conditions::kubernetes_status;
@@ -16,6 +20,9 @@ use super::guard::valid_only;
 use crate::batches::{Batch, BatchPage, BatchState, BatchStore, StateChange, Status, StoreError, UpdateError};
 use crate::ids::{BatchId, ProjectId};
 use kube::core::DeserializeGuard;
+
+/// The api's field manager for Batch status (the controller has its own).
+pub const API_FIELD_MANAGER: &str = "nightshift-api";
 
 pub struct KubeBatchStore {
     api: Api<BatchResource>,
@@ -30,6 +37,30 @@ fn backend(error: kube::Error) -> StoreError {
 
 fn is_conflict(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 409)
+}
+
+/// Applies `state` as the status of `resource` under `manager`, on the condition that the
+/// Batch is still at the resourceVersion it was read at: `Ok(None)` when it changed since
+/// (a 409), so that the caller decides again on the newer Batch.
+pub async fn apply_status(
+    api: &Api<BatchResource>,
+    manager: &str,
+    resource: &BatchResource,
+    state: &BatchState,
+) -> Result<Option<BatchResource>, kube::Error> {
+    let status = kubernetes_status(state, resource.status.as_ref(), resource.metadata.generation);
+    let patch = json!({
+        "apiVersion": BatchResource::api_version(&()),
+        "kind": BatchResource::kind(&()),
+        "metadata": {"name": resource.name_any(), "resourceVersion": resource.resource_version()},
+        "status": status,
+    });
+    let params = PatchParams::apply(manager).force();
+    match api.patch_status(&resource.name_any(), &params, &Patch::Apply(&patch)).await {
+        Ok(written) => Ok(Some(written)),
+        Err(error) if is_conflict(&error) => Ok(None),
+        Err(error) => Err(error),
+    }
 }
 
 /// A Batch resource as the domain's Batch. A resource without status yet (the
@@ -104,16 +135,16 @@ impl BatchStore for KubeBatchStore {
             status: None,
         };
         let mut current = self.api.create(&PostParams::default(), &resource).await.map_err(backend)?;
-        // The status subresource ignores status on create: write it next. The
-        // controller may add its finalizer in between (a conflict): it leaves a
-        // status-less Batch alone, so re-read and write again.
+        // The status subresource ignores status on create: apply it next. The controller
+        // may add its finalizer in between (a conflict): it leaves a status-less Batch
+        // alone, so re-read and apply again, unless the status-less Batch was recovered.
         loop {
-            current.status =
-                Some(kubernetes_status(&batch.state, current.status.as_ref(), current.metadata.generation));
-            match self.api.replace_status(&name, &PostParams::default(), &current).await {
-                Ok(_) => return Ok(()),
-                Err(error) if is_conflict(&error) => current = self.api.get(&name).await.map_err(backend)?,
-                Err(error) => return Err(backend(error)),
+            match apply_status(&self.api, API_FIELD_MANAGER, &current, &batch.state).await.map_err(backend)? {
+                Some(_) => return Ok(()),
+                None => current = self.api.get(&name).await.map_err(backend)?,
+            }
+            if current.status.is_some() {
+                return Err(StoreError::Backend(format!("batch {name} got a status from elsewhere before its first")));
             }
         }
     }
@@ -141,7 +172,7 @@ impl BatchStore for KubeBatchStore {
         let name = resource_name(id);
         loop {
             // Fresh from the API server: its resourceVersion makes the write a compare-and-swap.
-            let mut resource = self.api.get_opt(&name).await.map_err(backend)?.ok_or(UpdateError::NotFound)?;
+            let resource = self.api.get_opt(&name).await.map_err(backend)?.ok_or(UpdateError::NotFound)?;
             if !Self::owned_by(&resource, project) {
                 return Err(UpdateError::NotFound);
             }
@@ -149,12 +180,8 @@ impl BatchStore for KubeBatchStore {
             if !change(&mut batch.state)? {
                 return Ok(batch);
             }
-            resource.status =
-                Some(kubernetes_status(&batch.state, resource.status.as_ref(), resource.metadata.generation));
-            match self.api.replace_status(&name, &PostParams::default(), &resource).await {
-                Ok(_) => return Ok(batch),
-                Err(error) if is_conflict(&error) => continue,
-                Err(error) => return Err(backend(error).into()),
+            if apply_status(&self.api, API_FIELD_MANAGER, &resource, &batch.state).await.map_err(backend)?.is_some() {
+                return Ok(batch);
             }
         }
     }

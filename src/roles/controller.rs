@@ -18,7 +18,7 @@ use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::controller::{self, Context, cache, check_crds, reporter, sync_project_usage};
 use crate::k8s::crd::ProjectResource;
-use crate::k8s::leader::LeaderElection;
+use crate::k8s::leader::{LeaderElection, Timing};
 use crate::quota::QuotaLedger;
 
 pub const LEASE_NAME: &str = "nightshift-controller";
@@ -37,9 +37,10 @@ pub struct ControllerArgs {
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     #[arg(long, env = "NIGHTSHIFT_PROBE_LISTEN", default_value = "0.0.0.0:9090")]
     pub probe_listen: std::net::SocketAddr,
-    /// Seconds without renewal after which another replica may take the lead.
+    /// Seconds a standby must see the Lease unrenewed before it takes the lead; the
+    /// leader steps down after two thirds of it without a renewal.
     #[arg(long, env = "NIGHTSHIFT_LEASE_SECONDS", default_value_t = 15)]
-    pub lease_seconds: i32,
+    pub lease_seconds: u32,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -66,9 +67,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
     });
 
-    let leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity, args.lease_seconds);
+    let timing = Timing::for_lease(args.lease_seconds);
+    let mut leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity, timing);
     tracing::info!(%identity, "waiting to lead");
-    leader.acquire().await;
+    let acquired = leader.acquire().await;
     tracing::info!(%identity, "leading");
     println!("Nightshift controller leading in namespace {namespace}");
 
@@ -94,6 +96,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx, batches) => Ok(()),
-        () = leader.hold() => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
+        // Returning ends the process: every task of this leader stops with it.
+        () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
     }
 }

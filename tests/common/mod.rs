@@ -8,9 +8,11 @@ pub mod image;
 pub mod multipart;
 pub mod node;
 pub mod process;
+pub mod proxy;
 pub mod serve;
 pub mod tools;
 pub mod upstream;
+pub mod values_doc;
 
 use std::net::TcpListener;
 use std::path::Path;

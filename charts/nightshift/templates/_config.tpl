@@ -83,6 +83,34 @@ kubernetes:
     tolerations:
       {{- toYaml . | nindent 6 }}
     {{- end }}
+    {{- with .Values.worker.affinity }}
+    affinity:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.worker.priorityClassName }}
+    priority_class_name: {{ . | quote }}
+    {{- end }}
+    labels:
+      app.kubernetes.io/instance: {{ .Release.Name | quote }}
+      app.kubernetes.io/part-of: nightshift
+      app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+      {{- with .Values.worker.podLabels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- with .Values.worker.podAnnotations }}
+    annotations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.worker.ttlSecondsAfterFinished }}
+    ttl_seconds_after_finished: {{ . }}
+    {{- end }}
+    {{- with .Values.worker.activeDeadlineSeconds }}
+    active_deadline_seconds: {{ . }}
+    {{- end }}
+    suspend: {{ .Values.worker.suspend }}
+    {{- with .Values.worker.queueName }}
+    queue_name: {{ . | quote }}
+    {{- end }}
     security_context:
       {{- toYaml .Values.securityContext | nindent 6 }}
     pod_security_context:
