@@ -8,10 +8,11 @@ run *ARGS:
 test *ARGS:
     tests/run {{ARGS}}
 
-# Formatting and lints, as strict as review is.
+# Formatting, lints and the dependency audit, as strict as review is (.ci/run installs cargo-deny).
 lint:
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
+    cargo deny --locked check licenses bans sources
 
 fmt:
     cargo fmt --all

@@ -6,6 +6,9 @@
 
 #[path = "../tests/common/cluster.rs"]
 mod cluster;
+#[path = "../tests/common/ports.rs"]
+#[allow(dead_code)]
+mod ports;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

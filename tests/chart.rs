@@ -708,7 +708,7 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
         &dir.path().join("api.log"),
     );
     let api_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
-    let probe_port = common::free_port();
+    let probe_port = common::ports::claim_one();
     let mut controller_env = s3_env.to_vec();
     controller_env.push(("KUBECONFIG", controller_kubeconfig.display().to_string()));
     controller_env.push(("NIGHTSHIFT_NAMESPACE", NS.to_owned()));

@@ -7,6 +7,9 @@
 
 #[path = "common/cluster.rs"]
 mod cluster;
+#[path = "common/ports.rs"]
+#[allow(dead_code)]
+mod ports;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

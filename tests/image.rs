@@ -62,7 +62,7 @@ fn the_image_runs_as_non_root_with_tls_roots_its_version_and_the_crds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_a_batch_in_the_image_on_a_read_only_root_filesystem() {
     let image = image::build("1");
-    let port = common::free_port();
+    let port = common::ports::claim_one();
     let name = format!("nightshift-serve-{port}");
     let container = Container(name.clone());
     // Host networking: the test reaches it on 127.0.0.1. Only /tmp is writable.

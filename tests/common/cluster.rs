@@ -25,7 +25,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::future::Future;
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -152,7 +151,7 @@ impl TestCluster {
 
         let dir = tempfile::Builder::new().prefix("nightshift-cluster-").tempdir().expect("create cluster tempdir");
         let d = dir.path();
-        let [etcd_port, etcd_peer_port, api_port, kcm_port] = free_ports();
+        let [etcd_port, etcd_peer_port, api_port, kcm_port] = super::ports::claim();
         let admin_token = format!("nightshift-admin-{}", random_hex(16));
         let server_url = format!("https://127.0.0.1:{api_port}");
 
@@ -517,13 +516,6 @@ fn cluster_slots() -> &'static Semaphore {
             .unwrap_or(2);
         Semaphore::new(n)
     })
-}
-
-/// Four distinct free ports on 127.0.0.1 (all bound at once so none repeats).
-fn free_ports() -> [u16; 4] {
-    let listeners: Vec<TcpListener> =
-        (0..4).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
-    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
 }
 
 fn kubeconfig_yaml(server: &str, user: &str, token: &str) -> String {

@@ -4,9 +4,11 @@
 
 pub mod client;
 pub mod cluster;
+pub mod committed;
 pub mod image;
 pub mod multipart;
 pub mod node;
+pub mod ports;
 pub mod process;
 pub mod proxy;
 pub mod serve;
@@ -14,7 +16,6 @@ pub mod tools;
 pub mod upstream;
 pub mod values_doc;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -37,10 +38,6 @@ pub const PROJECT: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
 pub const KEY: &str = "test-key";
 pub const OTHER_PROJECT: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
 pub const OTHER_KEY: &str = "other-key";
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
     wait_for_address((std::net::Ipv4Addr::LOCALHOST, port), child, what)
@@ -82,7 +79,7 @@ impl TestS3 {
         let root = TempDir::new().unwrap();
         let bucket = "nightshift".to_owned();
         std::fs::create_dir(root.path().join(&bucket)).unwrap();
-        let port = free_port();
+        let port = ports::claim_one();
         let mut child = Command::new(tools::s3s_fs())
             .args(["--host", &host.to_string(), "--port", &port.to_string()])
             .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])

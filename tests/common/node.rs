@@ -26,7 +26,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -93,7 +93,7 @@ impl RealNode {
 
         // kube-scheduler.
         let kubeconfig = cluster.kubeconfig_path().display().to_string();
-        let [scheduler_port, kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics] = free_ports();
+        let [scheduler_port, kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics] = super::ports::claim();
         node.spawn(
             "kube-scheduler",
             &tool("kube", "KUBE_SCHEDULER"),
@@ -300,11 +300,6 @@ fn node_lock() -> File {
     // Blocks until another test's node is gone.
     file.lock().expect("lock the real-node lock file");
     file
-}
-
-fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("0.0.0.0:0").expect("bind 0.0.0.0:0")).collect();
-    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
 }
 
 fn cni_config(ipam_dir: &Path) -> String {

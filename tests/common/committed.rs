@@ -1,0 +1,60 @@
+//! What workers had committed at an instant, read from storage as finalize reads it:
+//! the checkpoints and the chunks they make durable. The laws of a kill are checked
+//! against it rather than against timing: a line committed before the kill is never
+//! sent again, and a line sent again had been sent, uncommitted, when the kill came.
+
+use std::collections::{HashMap, HashSet};
+
+use nightshift::exec::checkpoint::{Checkpoint, ChunkKind, chunk_key};
+use nightshift::ids::BatchId;
+use nightshift::storage::ObjectStore;
+use serde_json::Value;
+
+/// The custom_ids of every committed record of every batch in `store`.
+pub async fn committed_custom_ids(store: &dyn ObjectStore) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for key in store.list("batches/").await.unwrap() {
+        // batches/<batch id>/shard-<index>/checkpoint-<seq>-<writer>.json
+        let parts: Vec<&str> = key.as_str().split('/').collect();
+        if parts.len() != 4 || !parts[3].starts_with("checkpoint-") {
+            continue;
+        }
+        let batch = BatchId::parse(parts[1]).unwrap();
+        let shard: u32 = parts[2].strip_prefix("shard-").unwrap().parse().unwrap();
+        let checkpoint: Checkpoint = serde_json::from_slice(&store.get(&key).await.unwrap()).unwrap();
+        for (kind, records) in [(ChunkKind::Out, &checkpoint.out), (ChunkKind::Err, &checkpoint.err)] {
+            if records.is_empty() {
+                continue;
+            }
+            let chunk = store.get(&chunk_key(&batch, shard, &checkpoint, kind)).await.unwrap();
+            for line in chunk.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+                let record: Value = serde_json::from_slice(line).unwrap();
+                ids.insert(record["custom_id"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    ids
+}
+
+/// Checks the laws of a kill, given the calls per custom_id when the killed process
+/// was gone (`sent_at_kill`), what was committed then, and the calls once the batch
+/// finished; returns the lines sent again.
+pub fn check_kill_laws(
+    sent_at_kill: &HashMap<String, u32>,
+    committed: &HashSet<String>,
+    calls_at_end: &HashMap<String, u32>,
+) -> Vec<String> {
+    assert!(!committed.is_empty(), "the kill came after a first commit");
+    let mut resent = Vec::new();
+    for (id, &calls) in calls_at_end {
+        let before = sent_at_kill.get(id).copied().unwrap_or(0);
+        if committed.contains(id) {
+            assert_eq!(calls, before, "{id} was committed before the kill and was sent again");
+        } else if calls > 1 {
+            assert!(before > 0, "{id} was sent {calls} times but not before the kill");
+            resent.push(id.clone());
+        }
+    }
+    resent.sort();
+    resent
+}
