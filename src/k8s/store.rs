@@ -144,7 +144,9 @@ impl BatchStore for KubeBatchStore {
                 None => current = self.api.get(&name).await.map_err(backend)?,
             }
             if current.status.is_some() {
-                return Err(StoreError::Backend(format!("batch {name} got a status from elsewhere before its first")));
+                return Err(StoreError::Backend(format!(
+                    "batch {name} was recovered by the controller before the api wrote its first status"
+                )));
             }
         }
     }
