@@ -171,10 +171,11 @@ pub struct BatchesConfig {
     /// How long lines in flight may take to finish after a cancel or expiry.
     #[serde(default = "default_cancel_grace", deserialize_with = "duration::deserialize_precise")]
     pub cancel_grace: Duration,
-    /// How many shards `serve` runs at once, over all batches (oldest batch first);
-    /// defaults to the number of cores.
-    #[serde(default = "default_max_running_shards")]
-    pub max_running_shards: usize,
+    /// How many shards run at once, over all batches: in `serve` (oldest batch first;
+    /// default: the number of cores), and on Kubernetes, worker Jobs over the whole
+    /// installation (default: [`KUBERNETES_RUNNING_SHARDS`]).
+    #[serde(default)]
+    pub max_running_shards: Option<usize>,
     /// How often `serve` reconciles unfinished batches (live counts, expiry).
     #[serde(default = "default_reconcile_interval", deserialize_with = "duration::deserialize_precise")]
     pub reconcile_interval: Duration,
@@ -206,9 +207,12 @@ fn default_cancel_grace() -> Duration {
 /// only add switching (measured: 2 running shards on 2 cores move 88% of a plain
 /// client's lines per second, 8 move 78%), while each shard may still fill its
 /// upstream's whole `max_concurrency`.
-fn default_max_running_shards() -> usize {
+pub fn default_max_running_shards() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
 }
+/// Worker Jobs running at once on Kubernetes when `max_running_shards` is not set.
+pub const KUBERNETES_RUNNING_SHARDS: usize = 16;
+
 fn default_reconcile_interval() -> Duration {
     Duration::from_secs(1)
 }
@@ -221,7 +225,7 @@ impl Default for BatchesConfig {
             checkpoint_interval: default_checkpoint_interval(),
             cancel_grace: default_cancel_grace(),
             reconcile_interval: default_reconcile_interval(),
-            max_running_shards: default_max_running_shards(),
+            max_running_shards: None,
             max_shard_retries: default_max_shard_retries(),
         }
     }
@@ -440,7 +444,7 @@ impl Config {
         if self.batches.shard_lines == 0 {
             return invalid("batches.shard_lines must be at least 1".into());
         }
-        if self.batches.max_running_shards == 0 {
+        if self.batches.max_running_shards == Some(0) {
             return invalid("batches.max_running_shards must be at least 1".into());
         }
         if self.batches.completion_window.is_zero() {

@@ -18,6 +18,7 @@ pub mod drive;
 pub mod duration;
 pub mod exec;
 pub mod files;
+pub mod grants;
 pub mod ids;
 pub mod k8s;
 pub mod metrics;

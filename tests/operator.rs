@@ -443,7 +443,7 @@ async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
     operator.kubelet.kill_pod_process(&pod);
     // The Job's next pod starts after the Job controller's backoff (10 s): read what the
     // killed one had committed now.
-    let sent_at_kill = upstream.all_calls();
+    let sent_at_kill = common::committed::calls_after_kill(upstream).await;
     let committed = common::committed::committed_custom_ids(&*operator.s3.store()).await;
     let output = sdk.await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -528,6 +528,30 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_a_standby_leads(
     let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
     assert_eq!(batch["status"], "completed", "the new leader finishes the batch: {batch}");
     assert_eq!(batch["request_counts"]["completed"], 40);
+}
+
+/// An upstream's `max_concurrency` is the installation's, not each pod's: with 8 shards
+/// running at once it would be 8 times over if every pod took it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
+    const LIMIT: u64 = 6;
+    let operator =
+        Operator::start_with(10, Duration::from_millis(300), LIMIT as usize, IMAGE, "  max_running_shards: 8\n").await;
+    let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "80")]));
+    check_results(finished.last().unwrap(), 80);
+    let jobs = operator.jobs().await;
+    assert_eq!(jobs.len(), 8, "one Job per shard");
+    let peak = operator.upstream.max_in_flight();
+    eprintln!("[limits] 8 shards, limit {LIMIT}: peak {peak} requests in flight at the upstream");
+    assert!(peak <= LIMIT, "{peak} requests in flight at once over a limit of {LIMIT}");
+    assert_eq!(peak, LIMIT, "the limit is reached");
+    // Finished workers' grants are cleaned up.
+    let store = operator.s3.store();
+    eventually("the finished workers' grants removed", 30, || {
+        let store = store.clone();
+        async move { store.list("control/").await.unwrap().is_empty().then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

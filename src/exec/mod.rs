@@ -10,6 +10,7 @@ pub mod drain;
 pub mod failure;
 pub mod finalize;
 pub mod input;
+pub mod limiter;
 pub mod records;
 pub mod upstream;
 pub mod worker;

@@ -1,5 +1,6 @@
 //! Upstreams: which OpenAI-compatible endpoint serves a model, with how many
-//! requests in flight. The permits are shared by every shard in the process.
+//! requests in flight. The permits are shared by every shard in the process; in a
+//! Kubernetes worker they are the pod's share of the installation's limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::backoff::Backoff;
+use super::limiter::Limiter;
 use crate::config::UpstreamConfig;
 
 pub struct Upstream {
@@ -15,7 +17,10 @@ pub struct Upstream {
     pub url: reqwest::Url,
     pub api_key: Option<String>,
     models: Vec<String>,
-    pub permits: Arc<Semaphore>,
+    pub limiter: Arc<Limiter>,
+    /// `max_concurrency`: over the installation (the controller divides it among worker
+    /// pods) or, in `serve`, of the process.
+    pub max_concurrency: u32,
     pub timeout: Duration,
     pub backoff: Backoff,
     /// This upstream's `nightshift_upstream_request_duration_seconds`.
@@ -53,7 +58,9 @@ pub const ECHO_MODEL: &str = "echo";
 const ECHO_CONCURRENCY: usize = 256;
 
 impl Upstreams {
-    pub fn from_config(configs: &[UpstreamConfig]) -> Result<Self, String> {
+    /// Every upstream with its whole `max_concurrency` (in `serve`), or with none until
+    /// granted some (`granted`: a Kubernetes worker, see `crate::grants`).
+    pub fn from_config(configs: &[UpstreamConfig], granted: bool) -> Result<Self, String> {
         let mut upstreams = Vec::new();
         for config in configs {
             let api_key = match &config.api_key_env {
@@ -71,13 +78,18 @@ impl Upstreams {
                 url,
                 api_key,
                 models: config.models.clone(),
-                permits: Arc::new(Semaphore::new(config.max_concurrency)),
+                limiter: Arc::new(Limiter::new(if granted { 0 } else { config.max_concurrency as u32 })),
+                max_concurrency: config.max_concurrency as u32,
                 timeout: config.timeout,
                 backoff: Backoff { base: config.retry_base_delay, ..Backoff::default() },
                 latency: crate::metrics::METRICS.upstream_latency_of(&config.name),
             });
         }
         Ok(Self { upstreams })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Upstream> {
+        self.upstreams.iter()
     }
 
     /// The upstream a [`Route::Upstream`] names.

@@ -109,6 +109,7 @@ pub async fn run_shard(
         // wake-up of another task per line.
         if let Some((upstream, permit)) = spare.take()
             && dispatching
+            && upstream.is_none_or(|position| ctx.upstreams.get(position).limiter.may_reuse())
             && let Some(request) = ready.take_if(|r| r.upstream == upstream)
         {
             launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
@@ -116,7 +117,11 @@ pub async fn run_shard(
         }
 
         let permits = ready.as_ref().map(|r| match r.upstream {
-            Some(position) => ctx.upstreams.get(position).permits.clone(),
+            Some(position) => {
+                let limiter = &ctx.upstreams.get(position).limiter;
+                limiter.want();
+                limiter.semaphore().clone()
+            }
             None => ctx.echo_permits.clone(),
         });
         tokio::select! {

@@ -25,6 +25,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
+use super::grants::is_running_worker;
 use super::guard::valid_only;
 use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
 use super::store::{apply_status, to_batch};
@@ -73,9 +74,29 @@ pub struct Context {
     pub projects: Store<ProjectResource>,
     /// Batches seen without a status, by uid, and since when (this process's clock).
     pub statusless: Mutex<HashMap<String, Instant>>,
+    /// Shard Jobs that may run at once over the installation (`batches.max_running_shards`).
+    pub max_running_shards: usize,
+    /// Jobs this controller created that its cache may not show yet, and when.
+    pub created: Mutex<HashMap<String, Instant>>,
+    /// Held while a Job is created, so that concurrent passes count each other's Jobs.
+    pub starting: tokio::sync::Mutex<()>,
 }
 
+/// How long a created Job counts as running before the cache shows it.
+const CREATED_UNSEEN: Duration = Duration::from_secs(30);
+
 impl Context {
+    /// Shard Jobs that may be running now: started and not finished, in the cache or
+    /// just created.
+    fn running_jobs(&self) -> usize {
+        let mut names: std::collections::HashSet<String> =
+            self.jobs.state().iter().filter(|job| is_running_worker(job)).map(|job| job.name_any()).collect();
+        let mut created = self.created.lock().expect("created");
+        created.retain(|_, at| at.elapsed() < CREATED_UNSEEN);
+        names.extend(created.keys().cloned());
+        names.len()
+    }
+
     fn batches(&self) -> Api<BatchResource> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
@@ -350,14 +371,23 @@ impl Runtime for KubeRuntime<'_> {
     }
 
     fn free_slots(&self) -> Option<usize> {
-        None
+        Some(self.ctx.max_running_shards.saturating_sub(self.ctx.running_jobs()))
     }
 
+    /// Creates the shard's Job, unless the installation's running shards are at their
+    /// bound by now (another batch's pass started some): then a later pass starts it.
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ControllerError> {
         let attempt = batch.state.shard_failures.get(&shard.index).copied().unwrap_or(0);
         let job = shard_job(&self.resource(), shard, attempt, &self.ctx.worker, quota_left(self.ctx, batch));
+        let _starting = self.ctx.starting.lock().await;
+        if self.ctx.running_jobs() >= self.ctx.max_running_shards {
+            return Ok(());
+        }
         match self.ctx.jobs_api().create(&PostParams::default(), &job).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.ctx.created.lock().expect("created").insert(job.name_any(), Instant::now());
+                Ok(())
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
             Err(error) => Err(error.into()),
         }

@@ -75,6 +75,8 @@ pub fn shard_job(
     if let Some(left) = quota_left {
         args.push(format!("--quota-tokens-left={left}"));
     }
+    let name = job_name(batch, shard.index, attempt);
+    args.push(format!("--grant-name={name}"));
     let container = Container {
         name: "worker".to_owned(),
         image: Some(template.image.clone()),
@@ -88,7 +90,7 @@ pub fn shard_job(
     };
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(batch, shard.index, attempt)),
+            name: Some(name),
             namespace: batch.metadata.namespace.clone(),
             labels: Some(job_labels),
             owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),

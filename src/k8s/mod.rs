@@ -4,6 +4,7 @@
 pub mod conditions;
 pub mod controller;
 pub mod crd;
+pub mod grants;
 pub mod guard;
 pub mod jobs;
 pub mod leader;

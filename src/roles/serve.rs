@@ -30,7 +30,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let batches = Arc::new(EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?);
     let projects = Projects::from_config(&project_configs);
     let quota = Arc::new(QuotaLedger::new(&projects));
-    let upstreams = Upstreams::from_config(&config.upstreams).map_err(anyhow::Error::msg)?;
+    let upstreams = Upstreams::from_config(&config.upstreams, false).map_err(anyhow::Error::msg)?;
     if config.upstreams.is_empty() {
         println!("No upstreams configured: every model is served by the built-in echo model.");
     }
@@ -40,7 +40,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         batches.clone(),
         exec,
         config.batches.reconcile_interval,
-        config.batches.max_running_shards,
+        config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards),
     ));
     let state = AppState {
         projects: Arc::new(ProjectDirectory::new(projects)),

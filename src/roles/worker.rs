@@ -17,6 +17,7 @@ use crate::exec::upstream::Upstreams;
 use crate::exec::worker::{ShardExit, run_shard};
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
+use crate::grants;
 use crate::ids::{BatchId, FileId, ProjectId};
 use crate::quota::QuotaLedger;
 use crate::validate::{Shard, ShardPlan};
@@ -51,6 +52,11 @@ pub struct WorkerArgs {
     /// Tokens the project may still use, when it has a quota.
     #[arg(long)]
     pub quota_tokens_left: Option<u64>,
+    /// This worker's name in the installation's upstream grants (its Job's name): it
+    /// then sends to each upstream only as many requests at once as the controller
+    /// grants it. Without it, the worker may use each upstream's whole `max_concurrency`.
+    #[arg(long)]
+    pub grant_name: Option<String>,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
@@ -60,7 +66,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let input = FileId::parse(&args.input_file_id).context("--input-file-id is not a file id")?;
     let store = open_store(&config.storage).await?;
     let files = FileCatalog::new(store.clone(), config.files.retention);
-    let upstreams = Upstreams::from_config(&config.upstreams).map_err(anyhow::Error::msg)?;
+    let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some()).map_err(anyhow::Error::msg)?;
     let quota = Arc::new(QuotaLedger::single(&project, args.quota_tokens_left));
     let settings = ExecSettings::from_config(&config.batches);
     let exec = ExecContext::new(store, files, upstreams, quota, settings);
@@ -93,7 +99,20 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     });
     let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await?;
     tracing::info!(batch = %spec.id, shard = shard.index, done = ledger.recorded_count(), of = shard.requests, "worker starting");
-    match run_shard(&exec, &spec, &shard, &ledger, stop).await? {
+    let following = async {
+        match &args.grant_name {
+            Some(name) => grants::follow::follow(exec.store.as_ref(), name, &exec.upstreams).await,
+            None => std::future::pending().await,
+        }
+    };
+    let exit = tokio::select! {
+        exit = run_shard(&exec, &spec, &shard, &ledger, stop) => exit,
+        () = following => unreachable!("following a grant never ends"),
+    };
+    if let Some(name) = &args.grant_name {
+        grants::follow::release(exec.store.as_ref(), name).await;
+    }
+    match exit? {
         ShardExit::Finished => tracing::info!(batch = %spec.id, shard = shard.index, "shard finished"),
         ShardExit::Stopped => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped before its end"),
     }

@@ -4,11 +4,27 @@
 //! sent again, and a line sent again had been sent, uncommitted, when the kill came.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use nightshift::exec::checkpoint::{Checkpoint, ChunkKind, chunk_key};
 use nightshift::ids::BatchId;
 use nightshift::storage::ObjectStore;
 use serde_json::Value;
+
+use super::upstream::MockUpstream;
+
+/// The calls per custom_id once the upstream has seen every request the killed process
+/// sent: requests already in its sockets are read (and counted) after the kill.
+pub async fn calls_after_kill(upstream: &MockUpstream) -> HashMap<String, u32> {
+    for _ in 0..100 {
+        if upstream.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    upstream.all_calls()
+}
 
 /// The custom_ids of every committed record of every batch in `store`.
 pub async fn committed_custom_ids(store: &dyn ObjectStore) -> HashSet<String> {

@@ -1,0 +1,243 @@
+//! How an upstream's limit is divided among workers. Pure.
+//!
+//! Every worker that wants an upstream (or has not said yet) is aimed at an equal share
+//! of its limit. A worker whose last grant is not acknowledged yet is left as it is; the
+//! others shrink to their share at once (a shrink never adds to what is held) and grow
+//! toward it from what nobody holds. A worker holds the larger of its grant and its
+//! acknowledgment, and the sum of what workers hold never exceeds the limit.
+
+use std::collections::BTreeMap;
+
+use super::{Ack, Grant};
+
+/// One worker as the controller sees it: what it was last granted and what it last
+/// acknowledged (`None`: it has not answered yet).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub granted: Grant,
+    pub acked: Option<Ack>,
+}
+
+impl Seen {
+    fn granted(&self, upstream: &str) -> u32 {
+        self.granted.upstreams.get(upstream).copied().unwrap_or(0)
+    }
+
+    fn acked(&self, upstream: &str) -> u32 {
+        self.acked.as_ref().and_then(|ack| ack.upstreams.get(upstream)).copied().unwrap_or(0)
+    }
+
+    /// What the worker may be using now.
+    fn holds(&self, upstream: &str) -> u32 {
+        self.granted(upstream).max(self.acked(upstream))
+    }
+
+    /// Its last grant is applied: it may be given a new one.
+    fn settled(&self) -> bool {
+        match &self.acked {
+            Some(ack) => {
+                self.granted.upstreams.iter().all(|(name, n)| ack.upstreams.get(name).copied().unwrap_or(0) == *n)
+            }
+            None => self.granted.upstreams.values().all(|n| *n == 0),
+        }
+    }
+
+    /// A worker that has not said what it wants may want anything.
+    fn wants(&self, upstream: &str) -> bool {
+        self.acked.as_ref().is_none_or(|ack| ack.wants.contains(upstream))
+    }
+}
+
+/// The next grant of every worker (`workers` by name), given each upstream's limit.
+pub fn divide(limits: &BTreeMap<String, u32>, workers: &BTreeMap<String, Seen>) -> BTreeMap<String, Grant> {
+    let mut next: BTreeMap<String, Grant> =
+        workers.iter().map(|(name, seen)| (name.clone(), seen.granted.clone())).collect();
+    for (upstream, &limit) in limits {
+        let wanting: Vec<&String> =
+            workers.iter().filter(|(_, seen)| seen.wants(upstream)).map(|(name, _)| name).collect();
+        let target = |name: &String| -> u32 {
+            let Some(position) = wanting.iter().position(|w| *w == name) else { return 0 };
+            let count = wanting.len() as u32;
+            limit / count + u32::from((position as u32) < limit % count)
+        };
+        // Shrinks first: they free capacity without taking any.
+        for (name, seen) in workers {
+            if seen.settled() && target(name) < seen.granted(upstream) {
+                next.get_mut(name).expect("every worker").upstreams.insert(upstream.clone(), target(name));
+            }
+        }
+        let held: u32 = workers
+            .iter()
+            .map(|(name, seen)| {
+                let granted = next[name].upstreams.get(upstream).copied().unwrap_or(0);
+                granted.max(seen.acked(upstream))
+            })
+            .sum();
+        let mut free = limit.saturating_sub(held);
+        for (name, seen) in workers {
+            let current = seen.granted(upstream);
+            if free == 0 || !seen.settled() || target(name) <= current {
+                continue;
+            }
+            let more = (target(name) - current).min(free);
+            free -= more;
+            next.get_mut(name).expect("every worker").upstreams.insert(upstream.clone(), current + more);
+        }
+        for (name, seen) in workers {
+            if seen.holds(upstream) == 0 && next[name].upstreams.get(upstream) == Some(&0) {
+                next.get_mut(name).expect("every worker").upstreams.remove(upstream);
+            }
+        }
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn grant(pairs: &[(&str, u32)]) -> Grant {
+        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect() }
+    }
+
+    fn ack(pairs: &[(&str, u32)], wants: &[&str]) -> Ack {
+        Ack {
+            upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(),
+            wants: wants.iter().map(|w| (*w).to_owned()).collect::<BTreeSet<_>>(),
+            released: false,
+        }
+    }
+
+    fn held(limits: &BTreeMap<String, u32>, workers: &BTreeMap<String, Seen>, next: &BTreeMap<String, Grant>) {
+        for (upstream, limit) in limits {
+            let total: u32 = workers
+                .iter()
+                .map(|(name, seen)| next[name].upstreams.get(upstream).copied().unwrap_or(0).max(seen.acked(upstream)))
+                .sum();
+            assert!(total <= *limit, "{upstream}: {total} held over a limit of {limit}: {next:?}");
+        }
+    }
+
+    /// Runs the protocol until nothing changes: each round, workers acknowledge their
+    /// grant (wanting `wants`); returns the final grants.
+    fn settle(
+        limits: &BTreeMap<String, u32>,
+        mut workers: BTreeMap<String, Seen>,
+        wants: &[&str],
+    ) -> BTreeMap<String, Grant> {
+        for _ in 0..10 {
+            let next = divide(limits, &workers);
+            held(limits, &workers, &next);
+            for (name, seen) in workers.iter_mut() {
+                seen.granted = next[name].clone();
+                let pairs: Vec<(&str, u32)> = next[name].upstreams.iter().map(|(u, n)| (u.as_str(), *n)).collect();
+                seen.acked = Some(ack(&pairs, wants));
+            }
+        }
+        workers.into_iter().map(|(name, seen)| (name, seen.granted)).collect()
+    }
+
+    fn limits(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect()
+    }
+
+    fn fresh(names: &[&str]) -> BTreeMap<String, Seen> {
+        names.iter().map(|n| ((*n).to_owned(), Seen::default())).collect()
+    }
+
+    #[test]
+    fn a_limit_is_divided_equally_and_whole() {
+        let limits = limits(&[("vllm", 64)]);
+        let grants = settle(&limits, fresh(&["a", "b", "c", "d", "e", "f", "g", "h"]), &["vllm"]);
+        let shares: Vec<u32> = grants.values().map(|g| g.upstreams["vllm"]).collect();
+        assert_eq!(shares, [8; 8]);
+        let grants = settle(&limits, fresh(&["a", "b", "c"]), &["vllm"]);
+        let shares: Vec<u32> = grants.values().map(|g| g.upstreams["vllm"]).collect();
+        assert_eq!(shares, [22, 21, 21], "the remainder goes to the first");
+    }
+
+    #[test]
+    fn more_workers_than_the_limit_leaves_some_waiting() {
+        let limits = limits(&[("small", 2)]);
+        let grants = settle(&limits, fresh(&["a", "b", "c"]), &["small"]);
+        let shares: Vec<u32> = grants.values().map(|g| g.upstreams.get("small").copied().unwrap_or(0)).collect();
+        assert_eq!(shares, [1, 1, 0]);
+    }
+
+    #[test]
+    fn a_newcomer_gets_its_share_only_after_the_others_acknowledge_their_shrink() {
+        let limits = limits(&[("vllm", 8)]);
+        let mut workers = BTreeMap::new();
+        workers.insert(
+            "a".to_owned(),
+            Seen { granted: grant(&[("vllm", 8)]), acked: Some(ack(&[("vllm", 8)], &["vllm"])) },
+        );
+        workers.insert("b".to_owned(), Seen::default());
+        let next = divide(&limits, &workers);
+        assert_eq!(next["a"], grant(&[("vllm", 4)]), "a shrinks");
+        assert_eq!(
+            next["b"].upstreams.get("vllm").copied().unwrap_or(0),
+            0,
+            "a still holds all 8 until it acknowledges"
+        );
+        // a has not acknowledged yet: nothing moves.
+        workers.get_mut("a").unwrap().granted = next["a"].clone();
+        let again = divide(&limits, &workers);
+        assert_eq!(again["a"], grant(&[("vllm", 4)]));
+        assert_eq!(again["b"].upstreams.get("vllm").copied().unwrap_or(0), 0);
+        // a acknowledges: b gets the rest.
+        workers.get_mut("a").unwrap().acked = Some(ack(&[("vllm", 4)], &["vllm"]));
+        let after = divide(&limits, &workers);
+        assert_eq!(after["b"], grant(&[("vllm", 4)]));
+    }
+
+    #[test]
+    fn an_unacknowledged_grant_is_never_replaced() {
+        let limits = limits(&[("vllm", 8)]);
+        let mut workers = fresh(&["a"]);
+        workers.get_mut("a").unwrap().granted = grant(&[("vllm", 3)]);
+        let next = divide(&limits, &workers);
+        assert_eq!(next["a"], grant(&[("vllm", 3)]), "a grows only once it has applied 3");
+    }
+
+    #[test]
+    fn upstreams_a_worker_does_not_want_go_to_those_that_do() {
+        let limits = limits(&[("a-model", 10), ("b-model", 10)]);
+        let mut workers = BTreeMap::new();
+        workers.insert("x".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["a-model"])) });
+        workers.insert("y".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["b-model"])) });
+        let next = divide(&limits, &workers);
+        assert_eq!(next["x"], grant(&[("a-model", 10)]));
+        assert_eq!(next["y"], grant(&[("b-model", 10)]));
+    }
+
+    #[test]
+    fn what_a_finished_worker_held_is_divided_among_the_rest() {
+        let limits = limits(&[("vllm", 9)]);
+        let settled = |n: u32| Seen { granted: grant(&[("vllm", n)]), acked: Some(ack(&[("vllm", n)], &["vllm"])) };
+        // c finished and is gone.
+        let workers: BTreeMap<String, Seen> = [("a".to_owned(), settled(3)), ("b".to_owned(), settled(3))].into();
+        let next = divide(&limits, &workers);
+        assert_eq!((next["a"].upstreams["vllm"], next["b"].upstreams["vllm"]), (5, 4));
+    }
+
+    #[test]
+    fn an_acknowledged_holding_above_the_grant_counts_until_it_shrinks() {
+        // a was told 2 but still holds 6 (its shrink waits for requests in flight).
+        let limits = limits(&[("vllm", 8)]);
+        let mut workers = BTreeMap::new();
+        workers.insert(
+            "a".to_owned(),
+            Seen { granted: grant(&[("vllm", 2)]), acked: Some(ack(&[("vllm", 6)], &["vllm"])) },
+        );
+        workers.insert(
+            "b".to_owned(),
+            Seen { granted: grant(&[("vllm", 2)]), acked: Some(ack(&[("vllm", 2)], &["vllm"])) },
+        );
+        let next = divide(&limits, &workers);
+        held(&limits, &workers, &next);
+        assert_eq!(next["b"], grant(&[("vllm", 2)]), "nothing is free while a holds 6");
+    }
+}

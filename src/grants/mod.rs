@@ -1,0 +1,99 @@
+//! Installation-wide upstream limits on Kubernetes: each upstream's `max_concurrency`
+//! is divided among the worker pods that use it, so that all pods together never have
+//! more requests in flight than the limit, and reach it.
+//!
+//! The controller and the workers talk through object storage (workers hold no
+//! Kubernetes credentials): the controller writes each worker's [`Grant`] under
+//! `control/grants/<worker>.json`; the worker applies it (growing at once, shrinking
+//! once enough of its requests in flight have finished) and answers with an [`Ack`]
+//! under `control/acks/<worker>.json`: what it now holds, and which upstreams it has
+//! lines for. The controller gives a worker a new grant only once the last one is
+//! acknowledged, and counts every worker at the larger of what it was granted and what
+//! it acknowledged, so the sum stays within the limit at every instant
+//! ([`divide::divide`]). A worker is a shard's Job, by name: a retried pod of the same
+//! Job takes over its grant.
+
+pub mod divide;
+pub mod follow;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::{Key, ObjectStore, StorageError};
+
+/// What the controller allows a worker: requests in flight, by upstream name. An
+/// upstream with a limit that is missing here is allowed none yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub upstreams: BTreeMap<String, u32>,
+}
+
+/// What a worker holds now (it has applied that grant) and which upstreams it has
+/// lines for (`wants`): upstreams it does not want are granted to others.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub upstreams: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub wants: BTreeSet<String>,
+    /// The worker has exited: it holds nothing any more.
+    #[serde(default)]
+    pub released: bool,
+}
+
+const GRANTS: &str = "control/grants/";
+const ACKS: &str = "control/acks/";
+
+pub fn grant_key(worker: &str) -> Key {
+    Key::parse(&format!("{GRANTS}{worker}.json")).expect("worker names are valid keys")
+}
+
+pub fn ack_key(worker: &str) -> Key {
+    Key::parse(&format!("{ACKS}{worker}.json")).expect("worker names are valid keys")
+}
+
+async fn read<T: for<'de> Deserialize<'de>>(store: &dyn ObjectStore, key: &Key) -> Result<Option<T>, StorageError> {
+    let bytes = match store.get(key).await {
+        Ok(bytes) => bytes,
+        Err(StorageError::NotFound(_)) => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    // A record that does not parse is one this version did not write: as absent.
+    Ok(serde_json::from_slice(&bytes).ok())
+}
+
+async fn write<T: Serialize>(store: &dyn ObjectStore, key: &Key, value: &T) -> Result<(), StorageError> {
+    let bytes = serde_json::to_vec(value).expect("grants serialize");
+    store.put(key, bytes.into()).await
+}
+
+pub async fn read_grant(store: &dyn ObjectStore, worker: &str) -> Result<Option<Grant>, StorageError> {
+    read(store, &grant_key(worker)).await
+}
+
+pub async fn write_grant(store: &dyn ObjectStore, worker: &str, grant: &Grant) -> Result<(), StorageError> {
+    write(store, &grant_key(worker), grant).await
+}
+
+pub async fn read_ack(store: &dyn ObjectStore, worker: &str) -> Result<Option<Ack>, StorageError> {
+    read(store, &ack_key(worker)).await
+}
+
+pub async fn write_ack(store: &dyn ObjectStore, worker: &str, ack: &Ack) -> Result<(), StorageError> {
+    write(store, &ack_key(worker), ack).await
+}
+
+/// Workers that have a grant in storage (the controller's memory, after a failover).
+pub async fn granted_workers(store: &dyn ObjectStore) -> Result<Vec<String>, StorageError> {
+    let keys = store.list(GRANTS).await?;
+    Ok(keys
+        .iter()
+        .filter_map(|key| key.as_str().strip_prefix(GRANTS)?.strip_suffix(".json").map(str::to_owned))
+        .collect())
+}
+
+/// Forgets a worker that is gone.
+pub async fn remove(store: &dyn ObjectStore, worker: &str) -> Result<(), StorageError> {
+    store.delete(&grant_key(worker)).await?;
+    store.delete(&ack_key(worker)).await
+}
