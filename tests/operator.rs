@@ -554,6 +554,45 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
     .await;
 }
 
+/// A project's quota is shared by its running worker pods, not copied to each: spend
+/// passes it by no more than the lines in flight when it ran out, and reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projects_quota_is_shared_by_its_worker_pods_not_copied() {
+    const LIMIT: u64 = 8;
+    const QUOTA: u64 = 110; // 22 lines of 5 tokens, of 40 over 4 shards.
+    let operator =
+        Operator::start_with(10, Duration::from_millis(200), LIMIT as usize, IMAGE, "  max_running_shards: 4\n").await;
+    operator.kubectl(&[
+        "patch",
+        "project",
+        "demo",
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        &format!(r#"{{"spec":{{"quota":{{"tokens":{QUOTA}}}}}}}"#),
+    ]);
+    let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40")]));
+    let finished = finished.last().unwrap();
+    assert_eq!(finished["status"], "completed", "{finished}");
+    let completed = finished["counts"]["completed"].as_u64().unwrap();
+    let failed = finished["counts"]["failed"].as_u64().unwrap();
+    assert_eq!(completed + failed, 40);
+    for error in finished["errors"].as_array().unwrap() {
+        assert_eq!(error["error"]["code"], "insufficient_quota", "{error}");
+    }
+    let jobs = operator.jobs().await;
+    assert_eq!(jobs.len(), 4, "four shards ran");
+
+    let spent = completed * 5;
+    eprintln!("[quota] quota {QUOTA} tokens over 4 shards: {spent} spent ({completed} lines), limit {LIMIT} in flight");
+    assert!(spent >= QUOTA, "the quota was used, not left idle in other pods' shares: {spent}");
+    // Each pod counts its lines in flight against its allowance: past the quota, at most
+    // the one line each of the 4 pods had in flight when it ran out.
+    assert!(spent <= QUOTA + 4 * 5, "{spent} tokens spent: more than the lines in flight past {QUOTA}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_batch_removes_its_jobs_and_its_shard_data() {
     let operator = Operator::start(5, Duration::from_millis(200), 1).await;

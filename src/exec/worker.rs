@@ -22,6 +22,7 @@ use super::{ExecContext, ExecError};
 use crate::batches::BatchSpec;
 use crate::clock;
 use crate::metrics::METRICS;
+use crate::quota::Room;
 use crate::validate::Shard;
 
 /// Commit at the latest when this many records, or this many bytes of them, wait,
@@ -83,6 +84,9 @@ pub async fn run_shard(
     let mut spare: Option<(Option<usize>, OwnedSemaphorePermit)> = None;
     let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A granted worker whose allowance is spent holds its next line until more comes.
+    let mut grants = ctx.quota.grants();
+    let mut waiting_for_tokens = false;
 
     loop {
         // Read ahead to the next request that has no record yet, settling at once
@@ -109,10 +113,12 @@ pub async fn run_shard(
         // wake-up of another task per line.
         if let Some((upstream, permit)) = spare.take()
             && dispatching
+            && !waiting_for_tokens
             && upstream.is_none_or(|position| ctx.upstreams.get(position).limiter.may_reuse())
             && let Some(request) = ready.take_if(|r| r.upstream == upstream)
         {
-            launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+            ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+            waiting_for_tokens = ready.is_some();
             continue;
         }
 
@@ -135,6 +141,8 @@ pub async fn run_shard(
                 grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
             }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                // A line in flight no longer counts against the allowance: look again.
+                waiting_for_tokens = false;
                 record(ctx, spec, shard, &mut writer, done.index, &done.custom_id, done.outcome);
                 spare = Some((done.upstream, done.permit));
                 if writer.pending_bytes() >= MAX_CHUNK_BYTES {
@@ -144,9 +152,13 @@ pub async fn run_shard(
             _ = flush.tick() => {
                 writer.commit().await?;
             }
-            permit = acquire(permits), if dispatching && ready.is_some() => {
+            permit = acquire(permits), if dispatching && ready.is_some() && !waiting_for_tokens => {
                 let request = ready.take().expect("guarded by ready.is_some()");
-                launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+                ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+                waiting_for_tokens = ready.is_some();
+            }
+            () = next_grant(&mut grants), if waiting_for_tokens => {
+                waiting_for_tokens = false;
             }
             _ = sleep_until_option(grace_ends), if grace_ends.is_some() => {
                 // Lines still in flight are abandoned: they have no record, and the
@@ -208,8 +220,20 @@ async fn acquire(permits: Option<Arc<tokio::sync::Semaphore>>) -> OwnedSemaphore
     }
 }
 
-/// Sends a line on `permit`, unless the project's quota is used up: checked at the
-/// last moment, once the lines before have charged theirs.
+/// Resolves when the worker's token grant changes (never without grants).
+async fn next_grant(grants: &mut Option<tokio::sync::watch::Receiver<(u64, bool)>>) {
+    let changed = match grants {
+        Some(grants) => grants.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Sends a line on `permit`, unless the project's quota is used up (the line fails)
+/// or this worker's allowance of it is (the line is handed back, to wait for more):
+/// checked at the last moment, once the lines before have charged theirs.
 fn launch<'a>(
     ctx: &'a ExecContext,
     spec: &BatchSpec,
@@ -218,11 +242,15 @@ fn launch<'a>(
     in_flight: &mut FuturesUnordered<InFlight<'a>>,
     request: Ready,
     permit: OwnedSemaphorePermit,
-) {
-    if !ctx.quota.has_room(&spec.project_id) {
-        let outcome = LineOutcome::Failure(failure::quota_exhausted());
-        record(ctx, spec, shard, writer, request.index, &request.custom_id, outcome);
-        return;
+) -> Option<Ready> {
+    match ctx.quota.room(&spec.project_id, in_flight.len()) {
+        Room::Yes => {}
+        Room::Wait => return Some(request),
+        Room::No => {
+            let outcome = LineOutcome::Failure(failure::quota_exhausted());
+            record(ctx, spec, shard, writer, request.index, &request.custom_id, outcome);
+            return None;
+        }
     }
     in_flight.push(Box::pin(async move {
         let outcome = match request.upstream {
@@ -231,6 +259,7 @@ fn launch<'a>(
         };
         Done { index: request.index, custom_id: request.custom_id, outcome, upstream: request.upstream, permit }
     }));
+    None
 }
 
 fn record(

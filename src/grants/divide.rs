@@ -99,14 +99,14 @@ mod tests {
     use super::*;
 
     fn grant(pairs: &[(&str, u32)]) -> Grant {
-        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect() }
+        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(), tokens: None }
     }
 
     fn ack(pairs: &[(&str, u32)], wants: &[&str]) -> Ack {
         Ack {
             upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(),
             wants: wants.iter().map(|w| (*w).to_owned()).collect::<BTreeSet<_>>(),
-            released: false,
+            ..Ack::default()
         }
     }
 

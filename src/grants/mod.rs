@@ -15,6 +15,7 @@
 
 pub mod divide;
 pub mod follow;
+pub mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,15 +23,29 @@ use serde::{Deserialize, Serialize};
 
 use crate::storage::{Key, ObjectStore, StorageError};
 
-/// What the controller allows a worker: requests in flight, by upstream name. An
-/// upstream with a limit that is missing here is allowed none yet.
+/// What the controller allows a worker: requests in flight, by upstream name (an
+/// upstream with a limit that is missing here is allowed none yet), and, when its
+/// project has a quota, tokens.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub upstreams: BTreeMap<String, u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenGrant>,
 }
 
-/// What a worker holds now (it has applied that grant) and which upstreams it has
-/// lines for (`wants`): upstreams it does not want are granted to others.
+/// Tokens one run of a worker (one pod) may spend in all; a retried pod is a new run
+/// and waits for a grant of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenGrant {
+    pub run: String,
+    pub allowance: u64,
+    /// The project's quota is used up: lines without tokens fail instead of waiting.
+    #[serde(default)]
+    pub exhausted: bool,
+}
+
+/// What a worker holds now (it has applied that grant), which upstreams it has lines
+/// for (`wants`: upstreams it does not want are granted to others), and its tokens.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     pub upstreams: BTreeMap<String, u32>,
@@ -39,6 +54,20 @@ pub struct Ack {
     /// The worker has exited: it holds nothing any more.
     #[serde(default)]
     pub released: bool,
+    /// This run of the worker (unique per pod).
+    #[serde(default)]
+    pub run: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenUse>,
+}
+
+/// A run's tokens: what its shard had committed when it started (`base`), what it has
+/// spent since, and whether it waits for more.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUse {
+    pub base: u64,
+    pub spent: u64,
+    pub waiting: bool,
 }
 
 const GRANTS: &str = "control/grants/";

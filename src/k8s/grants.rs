@@ -1,20 +1,24 @@
-//! The controller's side of the installation-wide upstream limits (`crate::grants`):
-//! every second, the running worker Jobs are the workers, their acknowledgments are
-//! read from storage, and the changed grants are written back.
+//! The controller's side of the installation-wide limits (`crate::grants`): twice a
+//! second, the running worker Jobs are the workers, their acknowledgments are read from
+//! storage, each upstream's limit and each project's remaining quota are divided among
+//! them, and the changed grants are written back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
+use kube::runtime::reflector::Store;
 
 use super::controller::Context;
-use super::crd::BATCH_LABEL;
-use super::jobs::job_phase;
+use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
+use super::jobs::{job_phase, job_shard};
 use crate::drive::WorkerPhase;
+use crate::exec::ExecError;
 use crate::grants::divide::{Seen, divide};
-use crate::grants::{self, Ack, read_ack, read_grant, write_grant};
+use crate::grants::tokens::{TokenRun, divide_tokens};
+use crate::grants::{self, Ack, TokenGrant, read_ack, read_grant, write_grant};
 use crate::storage::ObjectStore;
 
 const EVERY: Duration = Duration::from_millis(500);
@@ -29,13 +33,11 @@ pub fn is_running_worker(job: &Job) -> bool {
     labelled && !suspended && job.metadata.deletion_timestamp.is_none() && job_phase(job) == WorkerPhase::Running
 }
 
-/// Divides the upstreams' limits among the running workers, for as long as this
-/// controller leads.
-pub async fn divide_upstreams(ctx: Arc<Context>, limits: BTreeMap<String, u32>) {
-    if limits.is_empty() {
-        return std::future::pending().await;
-    }
+/// Divides the upstreams' limits and the projects' quotas among the running workers,
+/// for as long as this controller leads.
+pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, limits: BTreeMap<String, u32>) {
     let store = ctx.exec.store.clone();
+    let mut final_usage = HashMap::new();
     let mut seen = recall(store.as_ref()).await;
     // Workers no longer running, and since when (to let a deleted Job's pod stop).
     let mut leaving: BTreeMap<String, Instant> = BTreeMap::new();
@@ -78,7 +80,18 @@ pub async fn divide_upstreams(ctx: Arc<Context>, limits: BTreeMap<String, u32>) 
             }
         }
         // Only running workers get grants; those leaving keep what they hold, counted.
-        let next = divide(&limits, &seen);
+        let mut next = divide(&limits, &seen);
+        let running_jobs: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
+        match share_quotas(&ctx, &batches, &running_jobs, &seen, &mut final_usage).await {
+            Ok(tokens) => {
+                for (name, grant) in tokens {
+                    if let Some(next) = next.get_mut(&name) {
+                        next.tokens = Some(grant);
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not share the projects' quotas this time"),
+        }
         for (name, grant) in next {
             let worker = seen.get_mut(&name).expect("divided among the seen");
             if !running.contains(&name) || worker.granted == grant {
@@ -90,6 +103,106 @@ pub async fn divide_upstreams(ctx: Arc<Context>, limits: BTreeMap<String, u32>) 
             }
         }
     }
+}
+
+/// The token grants of the running workers, by project: unbounded for a project without
+/// a quota, its remaining quota divided for one with. `final_usage` keeps the usage of
+/// finished shards, which never changes again.
+async fn share_quotas(
+    ctx: &Context,
+    batches: &Store<BatchResource>,
+    running: &[Arc<Job>],
+    seen: &BTreeMap<String, Seen>,
+    final_usage: &mut HashMap<(String, u32), u64>,
+) -> Result<BTreeMap<String, TokenGrant>, ExecError> {
+    let store = ctx.exec.store.as_ref();
+    let mut grants = BTreeMap::new();
+    let mut by_project: BTreeMap<String, Vec<&Arc<Job>>> = BTreeMap::new();
+    for job in running {
+        by_project.entry(job.labels().get(PROJECT_LABEL).cloned().unwrap_or_default()).or_default().push(job);
+    }
+    let projects = ctx.projects.state();
+    for (project_id, workers) in by_project {
+        let project = projects.iter().find(|p| p.spec.id.as_str() == project_id);
+        let Some(quota) = project.and_then(|p| p.spec.quota).map(|q| q.tokens) else {
+            for job in workers {
+                let run = seen.get(&job.name_any()).and_then(|w| w.acked.as_ref()).map(|ack| ack.run.clone());
+                if let Some(run) = run.filter(|run| !run.is_empty()) {
+                    grants.insert(job.name_any(), TokenGrant { run, allowance: u64::MAX, exhausted: false });
+                }
+            }
+            continue;
+        };
+        let live: Vec<(String, u32)> =
+            workers.iter().filter_map(|job| Some((job.labels().get(BATCH_LABEL)?.clone(), job_shard(job)?))).collect();
+        // Committed outside the running workers' shards.
+        let mut committed = 0;
+        let mut shard_usage: HashMap<(String, u32), u64> = HashMap::new();
+        for batch in batches.state().iter().filter(|b| b.spec.batch.project_id.as_str() == project_id) {
+            let Some(status) = &batch.status else { continue };
+            let name = resource_name(&batch.spec.batch.id);
+            if status.status.is_terminal() {
+                committed += status.usage.total_tokens;
+                continue;
+            }
+            for shard in &batch.spec.batch.plan.shards {
+                let key = (name.clone(), shard.index);
+                let usage = match final_usage.get(&key) {
+                    Some(usage) => *usage,
+                    None => {
+                        let ledger = ctx
+                            .exec
+                            .checkpoints
+                            .ledger(store, &batch.spec.batch.id, shard.index, shard.requests)
+                            .await?;
+                        if ledger.is_complete() && !live.contains(&key) {
+                            final_usage.insert(key.clone(), ledger.usage.total_tokens);
+                        }
+                        ledger.usage.total_tokens
+                    }
+                };
+                if live.contains(&key) {
+                    shard_usage.insert(key, usage);
+                } else {
+                    committed += usage;
+                }
+            }
+        }
+        let runs: Vec<TokenRun> = workers
+            .iter()
+            .map(|job| {
+                let name = job.name_any();
+                let key = (job.labels().get(BATCH_LABEL).cloned().unwrap_or_default(), job_shard(job).unwrap_or(0));
+                let worker = seen.get(&name).cloned().unwrap_or_default();
+                match worker.acked.filter(|ack| !ack.run.is_empty()) {
+                    Some(ack) => {
+                        let tokens = ack.tokens.clone().unwrap_or_default();
+                        let granted = worker.granted.tokens.filter(|t| t.run == ack.run).map_or(0, |t| t.allowance);
+                        TokenRun {
+                            worker: name,
+                            run: ack.run,
+                            base: tokens.base,
+                            spent: tokens.spent,
+                            allowance: granted,
+                            waiting: tokens.waiting,
+                        }
+                    }
+                    // No run has answered: what its shard committed counts, and any
+                    // allowance an earlier run may still be spending.
+                    None => TokenRun {
+                        worker: name,
+                        base: shard_usage.get(&key).copied().unwrap_or(0),
+                        allowance: worker.granted.tokens.map_or(0, |t| t.allowance),
+                        ..TokenRun::default()
+                    },
+                }
+            })
+            .collect();
+        let next = divide_tokens(quota, committed, &runs);
+        tracing::debug!(project = %project_id, quota, committed, ?runs, ?next, "quota shared");
+        grants.extend(next);
+    }
+    Ok(grants)
 }
 
 /// The grants in storage: what a previous leader gave.

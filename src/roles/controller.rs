@@ -18,7 +18,7 @@ use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::controller::{self, Context, cache, check_crds, reporter, sync_project_usage};
 use crate::k8s::crd::ProjectResource;
-use crate::k8s::grants::divide_upstreams;
+use crate::k8s::grants::divide_limits;
 use crate::k8s::leader::{LeaderElection, Timing};
 use crate::quota::QuotaLedger;
 
@@ -100,8 +100,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let limits = config.upstreams.iter().map(|u| (u.name.clone(), u.max_concurrency as u32)).collect();
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
-        () = sync_project_usage(ctx.clone(), batches) => Ok(()),
-        () = divide_upstreams(ctx, limits) => Ok(()),
+        () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
+        () = divide_limits(ctx, batches, limits) => Ok(()),
         // Returning ends the process: every task of this leader stops with it.
         () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
     }

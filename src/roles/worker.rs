@@ -49,7 +49,9 @@ pub struct WorkerArgs {
     pub byte_start: u64,
     #[arg(long)]
     pub byte_end: u64,
-    /// Tokens the project may still use, when it has a quota.
+    /// Tokens the project may still use, when it has a quota. With `--grant-name`, the
+    /// controller grants tokens instead, as it shares the project's quota among its
+    /// running workers, and this is not used.
     #[arg(long)]
     pub quota_tokens_left: Option<u64>,
     /// This worker's name in the installation's upstream grants (its Job's name): it
@@ -67,7 +69,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let store = open_store(&config.storage).await?;
     let files = FileCatalog::new(store.clone(), config.files.retention);
     let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some()).map_err(anyhow::Error::msg)?;
-    let quota = Arc::new(QuotaLedger::single(&project, args.quota_tokens_left));
+    // With grants, the controller says what this worker may spend (its project's quota
+    // shared by its running workers, or no bound); without, it may spend what was left
+    // when its Job was made.
+    let quota = match &args.grant_name {
+        Some(_) => QuotaLedger::granted(),
+        None => QuotaLedger::single(&project, args.quota_tokens_left),
+    };
+    let quota = Arc::new(quota);
     let settings = ExecSettings::from_config(&config.batches);
     let exec = ExecContext::new(store, files, upstreams, quota, settings);
 
@@ -99,9 +108,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     });
     let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await?;
     tracing::info!(batch = %spec.id, shard = shard.index, done = ledger.recorded_count(), of = shard.requests, "worker starting");
+    let run = args.grant_name.as_deref().map(|worker| grants::follow::Run {
+        exec: &exec,
+        worker,
+        run: ulid::Ulid::new().to_string().to_ascii_lowercase(),
+        base_tokens: ledger.usage.total_tokens,
+    });
     let following = async {
-        match &args.grant_name {
-            Some(name) => grants::follow::follow(exec.store.as_ref(), name, &exec.upstreams).await,
+        match &run {
+            Some(run) => run.follow().await,
             None => std::future::pending().await,
         }
     };
@@ -109,8 +124,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         exit = run_shard(&exec, &spec, &shard, &ledger, stop) => exit,
         () = following => unreachable!("following a grant never ends"),
     };
-    if let Some(name) = &args.grant_name {
-        grants::follow::release(exec.store.as_ref(), name).await;
+    if let Some(run) = &run {
+        run.release().await;
     }
     match exit? {
         ShardExit::Finished => tracing::info!(batch = %spec.id, shard = shard.index, "shard finished"),
