@@ -340,6 +340,10 @@ pub struct WorkerTemplate {
     /// then created suspended and Kueue starts them when it admits them.
     #[serde(default)]
     pub queue_name: Option<String>,
+    /// The port worker pods serve `/metrics` on (upstream latencies and retries), named
+    /// `metrics` in the pod; none: they serve no metrics.
+    #[serde(default)]
+    pub metrics_port: Option<u16>,
 }
 
 fn default_worker_image() -> String {
@@ -377,6 +381,7 @@ impl Default for WorkerTemplate {
             active_deadline_seconds: None,
             suspend: false,
             queue_name: None,
+            metrics_port: None,
         }
     }
 }

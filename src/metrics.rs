@@ -1,8 +1,14 @@
 //! Prometheus metrics, one registry per process, served on `/metrics` by the api
-//! (and `serve`) and by the controller's probe port. Names are documented in the
-//! README and used by the chart's Grafana dashboard.
+//! (and `serve`), by the controller's probe port and by worker pods. Names are
+//! documented in the README and used by the chart's Grafana dashboard.
+//!
+//! Lines and tokens are counted where they are recorded: live by the process that runs
+//! the lines in `serve`; on Kubernetes by the controller, from the checkpoints its
+//! passes read (a worker pod may end before a scrape; its checkpoints stay), while
+//! worker pods serve the upstream latencies and retries.
 
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,6 +39,22 @@ pub struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProjectLabel {
+    pub project: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub method: String,
     /// The matched route (`/v1/files/{file_id}`), never the raw path: ids would
@@ -42,6 +64,7 @@ pub struct HttpLabels {
 }
 
 type HistogramFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+type RouteHistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
@@ -51,13 +74,24 @@ pub struct Metrics {
     pub upstream_retries: Family<UpstreamLabel, Counter>,
     pub queue_depth: Gauge,
     pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: RouteHistogramFamily,
+    pub tokens: Family<ProjectLabel, Counter>,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
+    /// Whether this process counts lines and tokens as they are recorded (not on
+    /// Kubernetes, where the controller counts them from checkpoints).
+    live: AtomicBool,
 }
 
 fn latency_histogram() -> Histogram {
-    // 5 ms to ~3 minutes: an instant mock to a long generation.
-    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+    // 5 ms to ~11 minutes: an instant mock to a generation that takes the whole default
+    // upstream timeout (10 minutes).
+    Histogram::new(exponential_buckets(0.005, 2.0, 18))
+}
+
+fn http_histogram() -> Histogram {
+    // 1 ms to ~65 s: a listing to a 100 MB upload.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
 impl Metrics {
@@ -83,6 +117,17 @@ impl Metrics {
             "HTTP requests answered, by method, route and status",
             http_requests.clone(),
         );
+        let http_duration: RouteHistogramFamily = Family::new_with_constructor(http_histogram);
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer an HTTP request, by method and route",
+            http_duration.clone(),
+        );
+        let tokens = Family::<ProjectLabel, Counter>::default();
+        registry.register("tokens", "Tokens used by recorded lines, by project", tokens.clone());
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register("build_info", "The running build: 1, labelled with its version", build_info.clone());
+        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
         let completed_lines = lines.get_or_create(&LineLabels { outcome: "completed", code: "" }).clone();
         Self {
             registry,
@@ -92,7 +137,41 @@ impl Metrics {
             upstream_retries,
             queue_depth,
             http_requests,
+            http_duration,
+            tokens,
             completed_lines,
+            live: AtomicBool::new(true),
+        }
+    }
+
+    /// From now on, lines and tokens are counted from checkpoints ([`Metrics::recorded`]),
+    /// not as this process records them.
+    pub fn count_from_checkpoints(&self) {
+        self.live.store(false, Ordering::Relaxed);
+    }
+
+    fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Counts lines and tokens found in checkpoints: `completed` more completed lines,
+    /// failed ones by code, `tokens` more tokens of `project`.
+    pub fn recorded(&self, completed: u64, failed: &[(&str, u64)], project: &str, tokens: u64) {
+        self.completed_lines.inc_by(completed);
+        for (code, count) in failed {
+            // Codes are the spec's fixed vocabulary; an unknown one is counted as such.
+            let code = crate::exec::failure::known_code(code).unwrap_or("unknown");
+            self.lines.get_or_create(&LineLabels { outcome: "failed", code }).inc_by(*count);
+        }
+        if tokens > 0 {
+            self.tokens.get_or_create(&ProjectLabel { project: project.to_owned() }).inc_by(tokens);
+        }
+    }
+
+    /// A line of `project` recorded by this process used `tokens`.
+    pub fn tokens_used(&self, project: &str, tokens: u64) {
+        if self.is_live() && tokens > 0 {
+            self.tokens.get_or_create(&ProjectLabel { project: project.to_owned() }).inc_by(tokens);
         }
     }
 
@@ -104,11 +183,15 @@ impl Metrics {
     }
 
     pub fn line_completed(&self) {
-        self.completed_lines.inc();
+        if self.is_live() {
+            self.completed_lines.inc();
+        }
     }
 
     pub fn line_failed(&self, code: &'static str) {
-        self.lines.get_or_create(&LineLabels { outcome: "failed", code }).inc();
+        if self.is_live() {
+            self.lines.get_or_create(&LineLabels { outcome: "failed", code }).inc();
+        }
     }
 
     /// The latency histogram of one upstream, for its caller to keep: observing through
@@ -165,6 +248,11 @@ mod tests {
         metrics.upstream_attempt("local", Duration::from_millis(30));
         metrics.upstream_retry("local");
         metrics.set_batches([Status::InProgress, Status::Completed, Status::Completed].into_iter(), 7);
+        metrics.tokens_used("p1", 12);
+        metrics
+            .http_duration
+            .get_or_create(&RouteLabels { method: "GET".into(), route: "/v1/files".into() })
+            .observe(0.002);
         let text = metrics.encode();
         for expected in [
             "nightshift_lines_total{outcome=\"completed\",code=\"\"} 1",
@@ -174,8 +262,33 @@ mod tests {
             "nightshift_batches{status=\"completed\"} 2",
             "nightshift_batches{status=\"cancelled\"} 0",
             "nightshift_queue_depth 7",
+            "nightshift_tokens_total{project=\"p1\"} 12",
+            "nightshift_build_info{version=\"0.1.0\"} 1",
+            "nightshift_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/files\"} 1",
+            // Upstream latency buckets reach the default upstream timeout (600 s).
+            "nightshift_upstream_request_duration_seconds_bucket{le=\"655.36\",upstream=\"local\"} 1",
         ] {
             assert!(text.contains(expected), "{expected} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn counting_from_checkpoints_replaces_live_counting() {
+        let metrics = Metrics::new();
+        metrics.count_from_checkpoints();
+        metrics.line_completed();
+        metrics.line_failed("internal_error");
+        metrics.tokens_used("p1", 5);
+        metrics.recorded(3, &[("rate_limit_exceeded", 2), ("made_up", 1)], "p1", 30);
+        let text = metrics.encode();
+        for expected in [
+            "nightshift_lines_total{outcome=\"completed\",code=\"\"} 3",
+            "nightshift_lines_total{outcome=\"failed\",code=\"rate_limit_exceeded\"} 2",
+            "nightshift_lines_total{outcome=\"failed\",code=\"unknown\"} 1",
+            "nightshift_tokens_total{project=\"p1\"} 30",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from:\n{text}");
+        }
+        assert!(!text.contains("code=\"internal_error\""), "live counts are off:\n{text}");
     }
 }

@@ -373,6 +373,10 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert_eq!(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"], "600");
 
     assert_eq!(count(&docs, "ServiceMonitor"), 2);
+    let workers = find(&docs, "PodMonitor", "nightshift-worker");
+    assert_eq!(workers["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+    let selector = &workers["spec"]["selector"]["matchLabels"];
+    assert_eq!(selector["app.kubernetes.io/component"], "worker");
     let monitor = find(&docs, "ServiceMonitor", "nightshift-controller");
     assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
@@ -428,6 +432,11 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert_eq!(worker.annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
     assert_eq!((worker.ttl_seconds_after_finished, worker.active_deadline_seconds), (Some(3600), Some(86400)));
     assert_eq!(worker.queue_name.as_deref(), Some("gpu-batch"));
+    assert_eq!(worker.metrics_port, Some(9090));
+    // The worker pods carry what the PodMonitor selects.
+    for (key, value) in selector.as_object().unwrap() {
+        assert_eq!(worker.labels.get(key).map(String::as_str).or(Some("worker")), value.as_str(), "{key}");
+    }
 
     // A newer cluster gets policy/v1.
     let docs =
@@ -445,9 +454,13 @@ import kubernetes_validate
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
 # Kinds that are not part of Kubernetes have no schema in kubernetes-validate: the
-# Prometheus Operator's ServiceMonitor (a CRD of its own), and Nightshift's Project,
-# which the cluster test instead has the real API server validate against the CRD.
-NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("nightshift.dev/v1alpha1", "Project")}
+# Prometheus Operator's ServiceMonitor and PodMonitor (CRDs of its own), and Nightshift's
+# Project, which the cluster test instead has the real API server validate against the CRD.
+NO_SCHEMA = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("nightshift.dev/v1alpha1", "Project"),
+}
 version = sys.argv[1]
 result = {"validated": [], "skipped": [], "failures": []}
 for path in sys.argv[2:]:
@@ -504,6 +517,7 @@ fn the_rendered_manifests_are_valid_kubernetes_1_20_objects() {
         HashSet::from([
             "monitoring.coreos.com/v1 ServiceMonitor/nightshift-api",
             "monitoring.coreos.com/v1 ServiceMonitor/nightshift-controller",
+            "monitoring.coreos.com/v1 PodMonitor/nightshift-worker",
             "nightshift.dev/v1alpha1 Project/research",
             "nightshift.dev/v1alpha1 Project/billing",
         ])
@@ -517,17 +531,24 @@ fn the_rendered_manifests_are_valid_kubernetes_1_20_objects() {
     let worker = &config.kubernetes.worker;
     let job = json!({
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "worker-template"},
-        "spec": {"backoffLimit": worker.backoff_limit, "template": {"spec": {
+        "spec": {
+            "backoffLimit": worker.backoff_limit,
+            "activeDeadlineSeconds": worker.active_deadline_seconds,
+            "ttlSecondsAfterFinished": worker.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": worker.labels, "annotations": worker.annotations}, "spec": {
             "restartPolicy": "Never",
             "automountServiceAccountToken": false,
             "securityContext": worker.pod_security_context,
             "volumes": worker.volumes,
             "nodeSelector": worker.node_selector,
             "tolerations": worker.tolerations,
+            "affinity": worker.affinity,
+            "priorityClassName": worker.priority_class_name,
             "containers": [{
                 "name": "worker", "image": worker.image, "imagePullPolicy": worker.image_pull_policy,
                 "args": ["worker"], "env": worker.env, "volumeMounts": worker.volume_mounts,
                 "resources": worker.resources, "securityContext": worker.security_context,
+                "ports": [{"name": "metrics", "containerPort": worker.metrics_port}],
             }],
         }}},
     });

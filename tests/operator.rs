@@ -43,6 +43,8 @@ struct Operator {
     _api: Process,
     controller: Option<Process>,
     controller_kubeconfig: PathBuf,
+    /// Where controller-1 serves its probes and `/metrics`.
+    probe_port: u16,
     api_token: String,
     controller_token: String,
 }
@@ -205,6 +207,7 @@ impl Operator {
             _api: api,
             controller: None,
             controller_kubeconfig,
+            probe_port: common::ports::claim_one(),
             api_token,
             controller_token,
             dir,
@@ -228,6 +231,10 @@ impl Operator {
         env.push(("KUBECONFIG", kubeconfig.display().to_string()));
         let config = self.config.display().to_string();
         let log = self.dir.path().join(format!("{identity}.log"));
+        let probe = match identity {
+            "controller-1" => format!("127.0.0.1:{}", self.probe_port),
+            _ => "127.0.0.1:0".to_owned(),
+        };
         let identity = identity.to_owned();
         move || {
             let args = [
@@ -241,7 +248,7 @@ impl Operator {
                 "--lease-seconds",
                 "3",
                 "--probe-listen",
-                "127.0.0.1:0",
+                &probe,
             ];
             spawn(&args, &env, "leading", &log).0
         }
@@ -591,6 +598,49 @@ async fn a_projects_quota_is_shared_by_its_worker_pods_not_copied() {
     // Each pod counts its lines in flight against its allowance: past the quota, at most
     // the one line each of the 4 pods had in flight when it ran out.
     assert!(spent <= QUOTA + 4 * 5, "{spent} tokens spent: more than the lines in flight past {QUOTA}");
+}
+
+/// The controller's `/metrics` value of `name{labels}` (0 when absent).
+async fn scrape(operator: &Operator, series: &str) -> (String, f64) {
+    let response = reqwest::get(format!("http://127.0.0.1:{}/metrics", operator.probe_port)).await.unwrap();
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+    let text = response.text().await.unwrap();
+    let value = text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0);
+    (content_type, value)
+}
+
+/// Worker pods may end before a scrape: the controller counts lines and tokens from the
+/// checkpoints, and its counters add up to the batch's counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_line_and_token_counters_add_up_to_the_batchs_counts() {
+    let operator = Operator::start(10, Duration::from_millis(150), 4).await;
+    let completed = "nightshift_lines_total{outcome=\"completed\",code=\"\"}";
+    let tokens = format!("nightshift_tokens_total{{project=\"{}\"}}", common::PROJECT);
+    let (content_type, _) = scrape(&operator, completed).await;
+    assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
+    let build = format!("nightshift_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(scrape(&operator, &build).await.1, 1.0);
+    let created = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40"), ("CREATE_ONLY", "1")]));
+    let id = created[0]["id"].as_str().unwrap().to_owned();
+    // Scraped during the batch: counts so far, never more than what the batch holds.
+    let during = eventually("lines counted while the batch runs", 60, || async {
+        let (_, lines) = scrape(&operator, completed).await;
+        (lines > 0.0).then_some(lines)
+    })
+    .await;
+    assert!(during <= 40.0, "{during}");
+    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let after = eventually("every line counted", 30, || async {
+        let (_, lines) = scrape(&operator, completed).await;
+        (lines == 40.0).then_some(lines)
+    })
+    .await;
+    let (_, used) = scrape(&operator, &tokens).await;
+    eprintln!("[metrics] during the batch {during} lines counted; after {after}; tokens {used}");
+    assert!(during <= after);
+    assert_eq!(used, batch["usage"]["total_tokens"].as_f64().unwrap(), "tokens counted as the batch's usage");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use crate::auth::{API_KEY_HEADER, PROJECT_HEADER, Project};
 use crate::ids::RequestId;
-use crate::metrics::{HttpLabels, METRICS};
+use crate::metrics::{HttpLabels, METRICS, RouteLabels};
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -52,6 +52,9 @@ pub async fn request_id(request: Request, next: Next) -> Response {
     if let Ok(value) = HeaderValue::from_str(id.as_str()) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
+    // Until the response's head: a download's body streams after.
+    let took = started.elapsed().as_secs_f64();
+    METRICS.http_duration.get_or_create(&RouteLabels { method: method.clone(), route: route.clone() }).observe(took);
     let labels = HttpLabels { method, route, status: response.status().as_u16() };
     METRICS.http_requests.get_or_create(&labels).inc();
     response

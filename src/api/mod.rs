@@ -38,7 +38,8 @@ pub struct AppState {
     pub drain: Drain,
 }
 
-async fn metrics() -> impl axum::response::IntoResponse {
+/// `/metrics`, in the OpenMetrics text format (the api's and the controller's).
+pub async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
         crate::metrics::METRICS.encode(),

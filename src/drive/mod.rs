@@ -47,6 +47,8 @@ pub trait Runtime: Send + Sync {
     async fn save(&self, read: &Batch, state: BatchState) -> Result<Option<Batch>, Self::Error>;
     /// Something an operator may want to see (an Event on Kubernetes, a log line in serve).
     async fn tell(&self, batch: &Batch, news: News);
+    /// The shards' checkpoints as this pass read them (for metrics kept from them).
+    fn observed(&self, _batch: &Batch, _ledgers: &[ShardLedger]) {}
 }
 
 /// What the driver reports as it goes.
@@ -93,6 +95,7 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
     // Observe: workers first, then checkpoints.
     let workers = runtime.workers(&batch).await?;
     let ledgers = ledgers(exec, &batch).await?;
+    runtime.observed(&batch, &ledgers);
     let running: BTreeSet<u32> =
         workers.iter().filter(|(_, phase)| **phase == WorkerPhase::Running).map(|(shard, _)| *shard).collect();
 

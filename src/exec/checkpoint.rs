@@ -10,7 +10,7 @@
 //! the old one still lives) never overwrite each other; finalize keeps the first
 //! record of each request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -30,6 +30,22 @@ pub struct Checkpoint {
     pub out: Vec<u32>,
     pub err: Vec<u32>,
     pub usage: Usage,
+    /// The error records' codes, counted (for the line metrics by code).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub codes: BTreeMap<String, u32>,
+}
+
+impl Checkpoint {
+    fn empty() -> Self {
+        Self {
+            seq: 0,
+            writer: String::new(),
+            out: Vec::new(),
+            err: Vec::new(),
+            usage: Usage::default(),
+            codes: BTreeMap::new(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +83,9 @@ pub struct ShardLedger {
     pub usage: Usage,
     /// In `seq` order.
     pub checkpoints: Vec<Arc<Checkpoint>>,
+    /// Failed requests by error code (a request recorded twice, by two raced runs, may
+    /// count under both codes).
+    pub codes: BTreeMap<String, u64>,
 }
 
 impl ShardLedger {
@@ -105,6 +124,9 @@ impl ShardLedger {
         self.usage.input_tokens += checkpoint.usage.input_tokens;
         self.usage.output_tokens += checkpoint.usage.output_tokens;
         self.usage.total_tokens += checkpoint.usage.total_tokens;
+        for (code, count) in &checkpoint.codes {
+            *self.codes.entry(code.clone()).or_default() += u64::from(*count);
+        }
         self.checkpoints.push(checkpoint);
     }
 }
@@ -164,7 +186,7 @@ pub struct ChunkWriter {
 impl ChunkWriter {
     pub fn new(store: Arc<dyn ObjectStore>, batch: BatchId, shard: u32, next_seq: u32) -> Self {
         let writer = ulid::Ulid::new().to_string().to_ascii_lowercase();
-        let pending = Checkpoint { seq: next_seq, writer, out: Vec::new(), err: Vec::new(), usage: Usage::default() };
+        let pending = Checkpoint { seq: next_seq, writer, ..Checkpoint::empty() };
         Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending }
     }
 
@@ -177,9 +199,15 @@ impl ChunkWriter {
         self.pending.usage.total_tokens += usage.total_tokens;
     }
 
-    pub fn push_error(&mut self, index: u32, record: &[u8]) {
+    pub fn push_error(&mut self, index: u32, code: &str, record: &[u8]) {
         self.err.extend_from_slice(record);
         self.pending.err.push(index);
+        match self.pending.codes.get_mut(code) {
+            Some(count) => *count += 1,
+            None => {
+                self.pending.codes.insert(code.to_owned(), 1);
+            }
+        }
     }
 
     pub fn pending(&self) -> usize {
@@ -203,13 +231,7 @@ impl ChunkWriter {
             let key = chunk_key(&self.batch, self.shard, &self.pending, ChunkKind::Err);
             self.store.put(&key, Bytes::from(std::mem::take(&mut self.err))).await?;
         }
-        let next = Checkpoint {
-            seq: self.pending.seq + 1,
-            writer: self.pending.writer.clone(),
-            out: Vec::new(),
-            err: Vec::new(),
-            usage: Usage::default(),
-        };
+        let next = Checkpoint { seq: self.pending.seq + 1, writer: self.pending.writer.clone(), ..Checkpoint::empty() };
         let checkpoint = std::mem::replace(&mut self.pending, next);
         let json = serde_json::to_vec(&checkpoint).expect("checkpoints serialize");
         let key = checkpoint_key(&self.batch, self.shard, checkpoint.seq, &checkpoint.writer);
@@ -226,7 +248,8 @@ mod tests {
     fn a_ledger_counts_each_request_once() {
         let mut ledger = ShardLedger::new(4);
         let usage = Usage { input_tokens: 1, output_tokens: 2, total_tokens: 3 };
-        ledger.add(Arc::new(Checkpoint { seq: 0, writer: "a".into(), out: vec![0, 2], err: vec![1], usage }));
+        let codes = [("rate_limit_exceeded".to_owned(), 1)].into();
+        ledger.add(Arc::new(Checkpoint { seq: 0, writer: "a".into(), out: vec![0, 2], err: vec![1], usage, codes }));
         assert_eq!((ledger.completed, ledger.failed), (2, 1));
         assert!(!ledger.is_complete());
         ledger.add(Arc::new(Checkpoint {
@@ -235,8 +258,10 @@ mod tests {
             out: vec![2],
             err: vec![3, 9],
             usage: Usage::default(),
+            codes: [("server_error".to_owned(), 2)].into(),
         }));
         assert_eq!((ledger.completed, ledger.failed), (2, 2), "index 2 twice counts once; 9 is out of range");
+        assert_eq!(ledger.codes, [("rate_limit_exceeded".to_owned(), 1), ("server_error".to_owned(), 2)].into());
         assert!(ledger.is_complete());
         assert_eq!(ledger.next_seq(), 2);
         assert_eq!(ledger.usage.total_tokens, 3);

@@ -29,7 +29,7 @@ pub async fn drain_shard(
     while let Some(line) = lines.next_line().await? {
         if !ledger.recorded.get(index as usize).copied().unwrap_or(true) {
             let id = line_id(&spec.id, shard.first_request + u64::from(index));
-            writer.push_error(index, &error_line(&id, &custom_id(&line), failure));
+            writer.push_error(index, failure.code.as_str(), &error_line(&id, &custom_id(&line), failure));
             crate::metrics::METRICS.line_failed(failure.code.as_str());
             if writer.pending() >= DRAIN_CHUNK {
                 writer.commit().await?;

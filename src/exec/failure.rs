@@ -19,6 +19,18 @@ pub enum FailureCode {
 }
 
 impl FailureCode {
+    const ALL: [FailureCode; 9] = [
+        Self::InvalidRequestError,
+        Self::AuthenticationError,
+        Self::NotFoundError,
+        Self::RequestTooLarge,
+        Self::InsufficientQuota,
+        Self::RateLimitExceeded,
+        Self::InternalError,
+        Self::BatchCancelled,
+        Self::BatchExpired,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::InvalidRequestError => "invalid_request_error",
@@ -32,6 +44,11 @@ impl FailureCode {
             Self::BatchExpired => "batch_expired",
         }
     }
+}
+
+/// The code named `code`, as the `'static` text metrics label lines with.
+pub fn known_code(code: &str) -> Option<&'static str> {
+    FailureCode::ALL.iter().map(|c| c.as_str()).find(|known| *known == code)
 }
 
 /// A failed line, as its error record will say.

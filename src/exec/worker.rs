@@ -275,6 +275,7 @@ fn record(
     match outcome {
         LineOutcome::Success { status, request_id, body, usage } => {
             METRICS.line_completed();
+            METRICS.tokens_used(spec.project_id.as_str(), usage.total_tokens);
             ctx.quota.charge(&spec.project_id, &spec.id, usage.total_tokens);
             writer.push_output_with(index, usage, |buffer| {
                 write_output_line(buffer, &id, custom_id, status, request_id.as_deref(), &body);
@@ -282,7 +283,7 @@ fn record(
         }
         LineOutcome::Failure(failure) => {
             METRICS.line_failed(failure.code.as_str());
-            writer.push_error(index, &error_line(&id, custom_id, &failure));
+            writer.push_error(index, failure.code.as_str(), &error_line(&id, custom_id, &failure));
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::batches::{Batch, BatchState};
 use crate::clock;
 use crate::config::WorkerTemplate;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
+use crate::exec::checkpoint::ShardLedger;
 use crate::exec::{ExecContext, ExecError};
 use crate::reconcile as decisions;
 use crate::validate::Shard;
@@ -80,6 +81,31 @@ pub struct Context {
     pub created: Mutex<HashMap<String, Instant>>,
     /// Held while a Job is created, so that concurrent passes count each other's Jobs.
     pub starting: tokio::sync::Mutex<()>,
+    /// What the checkpoints of each unfinished batch held at its last pass: the lines and
+    /// tokens metrics count what a pass finds beyond it.
+    pub recorded: Mutex<HashMap<String, Recorded>>,
+}
+
+/// Lines and tokens of a batch's checkpoints, as counted into the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    completed: u64,
+    codes: BTreeMap<String, u64>,
+    tokens: u64,
+}
+
+impl Recorded {
+    fn of(ledgers: &[ShardLedger]) -> Self {
+        let mut recorded = Self::default();
+        for ledger in ledgers {
+            recorded.completed += ledger.completed;
+            recorded.tokens += ledger.usage.total_tokens;
+            for (code, count) in &ledger.codes {
+                *recorded.codes.entry(code.clone()).or_default() += count;
+            }
+        }
+        recorded
+    }
 }
 
 /// How long a created Job counts as running before the cache shows it.
@@ -417,6 +443,27 @@ impl Runtime for KubeRuntime<'_> {
         }
     }
 
+    /// Counts into the metrics what this pass finds beyond the last one. A batch seen
+    /// for the first time by this process only sets the mark: its earlier lines were
+    /// counted by the controller that led then.
+    fn observed(&self, batch: &Batch, ledgers: &[ShardLedger]) {
+        let now = Recorded::of(ledgers);
+        let before = self.ctx.recorded.lock().expect("recorded").insert(batch.spec.id.to_string(), now.clone());
+        let Some(before) = before else { return };
+        let failed: Vec<(&str, u64)> = now
+            .codes
+            .iter()
+            .map(|(code, count)| (code.as_str(), count.saturating_sub(before.codes.get(code).copied().unwrap_or(0))))
+            .filter(|(_, count)| *count > 0)
+            .collect();
+        crate::metrics::METRICS.recorded(
+            now.completed.saturating_sub(before.completed),
+            &failed,
+            batch.spec.project_id.as_str(),
+            now.tokens.saturating_sub(before.tokens),
+        );
+    }
+
     async fn tell(&self, batch: &Batch, news: News) {
         let (warning, reason, note) = match news {
             News::StatusChanged { from, to } => {
@@ -527,6 +574,12 @@ pub async fn sync_project_usage(ctx: Arc<Context>, batches: Store<BatchResource>
             .map(|s| s.request_counts.total.saturating_sub(s.request_counts.completed + s.request_counts.failed))
             .sum();
         crate::metrics::METRICS.set_batches(states.iter().map(|s| s.status), queue_depth);
+        let unfinished: std::collections::HashSet<String> = all
+            .iter()
+            .filter(|b| b.status.as_ref().is_some_and(|s| !s.status.is_terminal()))
+            .map(|b| b.spec.batch.id.to_string())
+            .collect();
+        ctx.recorded.lock().expect("recorded").retain(|id, _| unfinished.contains(id));
         for project in ctx.projects.state() {
             let used: u64 = all
                 .iter()

@@ -4,7 +4,7 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec};
 use kube::Resource;
 use kube::api::ObjectMeta;
 
@@ -77,6 +77,16 @@ pub fn shard_job(
     }
     let name = job_name(batch, shard.index, attempt);
     args.push(format!("--grant-name={name}"));
+    if let Some(port) = template.metrics_port {
+        args.push(format!("--metrics-listen=0.0.0.0:{port}"));
+    }
+    let ports = template.metrics_port.map(|port| {
+        vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: i32::from(port),
+            ..ContainerPort::default()
+        }]
+    });
     let container = Container {
         name: "worker".to_owned(),
         image: Some(template.image.clone()),
@@ -86,6 +96,7 @@ pub fn shard_job(
         volume_mounts: (!template.volume_mounts.is_empty()).then(|| template.volume_mounts.clone()),
         resources: template.resources.clone(),
         security_context: template.security_context.clone(),
+        ports,
         ..Container::default()
     };
     Job {
@@ -248,6 +259,7 @@ mod tests {
             ttl_seconds_after_finished: Some(3600),
             active_deadline_seconds: Some(7200),
             queue_name: Some("gpu-batch".into()),
+            metrics_port: Some(9090),
             ..WorkerTemplate::default()
         };
         let job = shard_job(&batch(), &shard, 0, &template, None);
@@ -265,6 +277,9 @@ mod tests {
         let pod = spec.template.spec.as_ref().unwrap();
         assert_eq!(pod.affinity.as_ref(), Some(&affinity));
         assert_eq!(pod.priority_class_name.as_deref(), Some("batch-low"));
+        let container = &pod.containers[0];
+        assert_eq!(container.ports.as_ref().unwrap()[0].name.as_deref(), Some("metrics"));
+        assert!(container.args.as_ref().unwrap().contains(&"--metrics-listen=0.0.0.0:9090".to_owned()));
         let suspended_only = WorkerTemplate { suspend: true, ..WorkerTemplate::default() };
         let job = shard_job(&batch(), &shard, 0, &suspended_only, None);
         assert_eq!(job.spec.unwrap().suspend, Some(true));

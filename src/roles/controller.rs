@@ -51,6 +51,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     };
     let namespace = namespace(args.namespace.as_deref(), &config);
     let identity = args.identity.clone().unwrap_or_else(|| format!("nightshift-controller-{}", ulid::Ulid::new()));
+    // Lines and tokens are counted from the checkpoints the controller's passes read.
+    crate::metrics::METRICS.count_from_checkpoints();
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
     check_crds(&client, &namespace).await?;
 
@@ -62,7 +64,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         let router = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/readyz", axum::routing::get(|| async { "ok" }))
-            .route("/metrics", axum::routing::get(|| async { crate::metrics::METRICS.encode() }));
+            .route("/metrics", axum::routing::get(crate::api::metrics));
         if let Err(error) = axum::serve(probes, router).await {
             tracing::error!(%error, "the probe server stopped");
         }
@@ -96,6 +98,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         max_running_shards: config.batches.max_running_shards.unwrap_or(crate::config::KUBERNETES_RUNNING_SHARDS),
         created: Default::default(),
         starting: Default::default(),
+        recorded: Default::default(),
     });
     let limits = config.upstreams.iter().map(|u| (u.name.clone(), u.max_concurrency as u32)).collect();
     tokio::select! {

@@ -59,10 +59,27 @@ pub struct WorkerArgs {
     /// grants it. Without it, the worker may use each upstream's whole `max_concurrency`.
     #[arg(long)]
     pub grant_name: Option<String>,
+    /// Serve `/metrics` (upstream latencies and retries) here while the shard runs.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
+    // The controller counts lines and tokens from the checkpoints: a pod may be gone
+    // before its last scrape.
+    crate::metrics::METRICS.count_from_checkpoints();
+    if let Some(address) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot serve metrics on {address}"))?;
+        tokio::spawn(async move {
+            let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
+            if let Err(error) = axum::serve(listener, router).await {
+                tracing::warn!(%error, "the metrics server stopped");
+            }
+        });
+    }
     let batch = BatchId::parse(&args.batch_id).context("--batch-id is not a batch id")?;
     let project = ProjectId::parse(&args.project_id).context("--project-id is not a UUID")?;
     let input = FileId::parse(&args.input_file_id).context("--input-file-id is not a file id")?;

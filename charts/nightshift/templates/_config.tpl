@@ -90,7 +90,11 @@ kubernetes:
     {{- with .Values.worker.priorityClassName }}
     priority_class_name: {{ . | quote }}
     {{- end }}
+    {{- with .Values.worker.metricsPort }}
+    metrics_port: {{ . }}
+    {{- end }}
     labels:
+      app.kubernetes.io/name: {{ include "nightshift.name" . | quote }}
       app.kubernetes.io/instance: {{ .Release.Name | quote }}
       app.kubernetes.io/part-of: nightshift
       app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
