@@ -372,6 +372,15 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert_eq!(annotations["nginx.ingress.kubernetes.io/proxy-body-size"], "110m", "100 MB uploads pass");
     assert_eq!(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"], "600");
 
+    // The Gateway API route, beside the Ingress.
+    let route = find(&docs, "HTTPRoute", "nightshift");
+    assert_eq!(route["spec"]["parentRefs"], json!([{"name": "public", "namespace": "gateways"}]));
+    assert_eq!(route["spec"]["hostnames"], json!(["nightshift.example.com"]));
+    let rule = &route["spec"]["rules"][0];
+    assert_eq!(rule["matches"][0]["path"], json!({"type": "PathPrefix", "value": "/v1"}));
+    assert_eq!(rule["backendRefs"][0], json!({"name": "nightshift-api", "port": 80}));
+    assert_eq!(rule["timeouts"]["request"], "600s");
+
     assert_eq!(count(&docs, "ServiceMonitor"), 2);
     let workers = find(&docs, "PodMonitor", "nightshift-worker");
     assert_eq!(workers["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
@@ -419,7 +428,7 @@ fn the_rendered_options_keep_the_charts_promises() {
     let from = env.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((from.name.as_str(), from.key.as_str()), ("vllm-api-key", "api-key"));
     assert_eq!(config.upstreams[1].api_key_env, None);
-    assert_eq!(config.storage.s3.as_ref().unwrap().endpoint.as_deref(), Some("http://minio.minio.svc:9000"));
+    assert_eq!(config.storage.s3.as_ref().unwrap().endpoint.as_deref(), Some("http://seaweedfs.seaweedfs.svc:8333"));
     assert!(config.storage.s3.as_ref().unwrap().path_style);
     assert_eq!(config.kubernetes.worker.node_selector.get("gpu-pool").map(String::as_str), Some("true"));
     assert_eq!(config.kubernetes.worker.tolerations.len(), 1);
@@ -454,11 +463,13 @@ import kubernetes_validate
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
 # Kinds that are not part of Kubernetes have no schema in kubernetes-validate: the
-# Prometheus Operator's ServiceMonitor and PodMonitor (CRDs of its own), and Nightshift's
-# Project, which the cluster test instead has the real API server validate against the CRD.
+# Prometheus Operator's ServiceMonitor and PodMonitor and the Gateway API's HTTPRoute (CRDs
+# of their own), and Nightshift's Project, which the cluster test instead has the real API
+# server validate against the CRD.
 NO_SCHEMA = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("nightshift.dev/v1alpha1", "Project"),
 }
 version = sys.argv[1]
@@ -518,6 +529,7 @@ fn the_rendered_manifests_are_valid_kubernetes_1_20_objects() {
             "monitoring.coreos.com/v1 ServiceMonitor/nightshift-api",
             "monitoring.coreos.com/v1 ServiceMonitor/nightshift-controller",
             "monitoring.coreos.com/v1 PodMonitor/nightshift-worker",
+            "gateway.networking.k8s.io/v1 HTTPRoute/nightshift",
             "nightshift.dev/v1alpha1 Project/research",
             "nightshift.dev/v1alpha1 Project/billing",
         ])

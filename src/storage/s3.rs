@@ -1,4 +1,4 @@
-//! Objects in an S3 bucket (AWS, MinIO, s3s, any S3-compatible server).
+//! Objects in an S3 bucket (AWS, SeaweedFS, Garage, s3s, any S3-compatible server).
 //!
 //! Small objects are one `PutObject`; larger ones become a multipart upload in
 //! [`PART_SIZE`] parts, completed by `finish` and aborted otherwise, so memory per
@@ -25,7 +25,7 @@ const PART_SIZE: usize = 8 * 1024 * 1024;
 #[derive(Clone, Debug)]
 pub struct S3Settings {
     pub bucket: String,
-    /// A custom endpoint (MinIO, s3s); `None` for AWS.
+    /// A custom endpoint (SeaweedFS, s3s, ...); `None` for AWS.
     pub endpoint: Option<String>,
     pub region: String,
     /// Prepended to every key, so one bucket can hold several installations.
