@@ -77,21 +77,19 @@ pub struct S3Config {
     pub prefix: String,
     #[serde(default)]
     pub path_style: bool,
-    /// Environment variables holding the credentials.
-    #[serde(default = "default_access_key_env")]
-    pub access_key_id_env: String,
-    #[serde(default = "default_secret_key_env")]
-    pub secret_access_key_env: String,
+    /// Environment variables holding a static access key pair, read once at start: for an
+    /// S3-compatible server with keys under names of your own. Unset (both), the AWS SDK's
+    /// default chain finds the credentials and refreshes them: `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`, the shared profile files, web identity (IRSA), container
+    /// credentials (EKS Pod Identity, ECS), instance metadata.
+    #[serde(default)]
+    pub access_key_id_env: Option<String>,
+    #[serde(default)]
+    pub secret_access_key_env: Option<String>,
 }
 
 fn default_region() -> String {
     "us-east-1".to_owned()
-}
-fn default_access_key_env() -> String {
-    "AWS_ACCESS_KEY_ID".to_owned()
-}
-fn default_secret_key_env() -> String {
-    "AWS_SECRET_ACCESS_KEY".to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize)]

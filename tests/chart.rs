@@ -266,6 +266,39 @@ fn env_of(container: &Value) -> HashMap<String, Value> {
 }
 
 #[test]
+fn workload_identity_renders_no_keys_and_annotates_every_service_account() {
+    let role = "arn:aws:iam::123456789012:role/nightshift";
+    let docs = documents(&render(
+        "batch",
+        &[
+            "--set",
+            "storage.s3.credentials.existingSecret=",
+            "--set-string",
+            &format!("serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn={role}"),
+        ],
+    ));
+    for role_name in ["api", "controller"] {
+        let deployment = find(&docs, "Deployment", &format!("nightshift-{role_name}"));
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let env = env_of(container);
+        assert!(!env.contains_key("AWS_ACCESS_KEY_ID") && !env.contains_key("AWS_SECRET_ACCESS_KEY"), "{env:?}");
+    }
+    let config = nightshift::config::Config::from_yaml(&rendered_config(&docs)).unwrap();
+    assert!(config.kubernetes.worker.env.iter().all(|e| !e.name.starts_with("AWS_")), "workers get no keys either");
+    let s3 = config.storage.s3.unwrap();
+    assert_eq!((s3.access_key_id_env, s3.secret_access_key_env), (None, None), "the default chain finds them");
+    for account in ["api", "controller", "worker"] {
+        let service_account = find(&docs, "ServiceAccount", &format!("nightshift-{account}"));
+        assert_eq!(service_account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"], role, "{account}");
+    }
+    // With a Secret (the default), every role gets the keys from it.
+    let docs = documents(&render("batch", &[]));
+    let api = find(&docs, "Deployment", "nightshift-api");
+    let env = env_of(&api["spec"]["template"]["spec"]["containers"][0]);
+    assert_eq!(env["AWS_ACCESS_KEY_ID"]["secretKeyRef"]["name"], "nightshift-s3");
+}
+
+#[test]
 fn the_rendered_defaults_keep_the_charts_promises() {
     let docs = documents(&render("batch", &[]));
 

@@ -12,21 +12,26 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::config::StorageConfig;
-use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store};
+use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store, StaticKeys};
 
 /// The object store the configuration names.
 pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
     if let Some(s3) = &config.s3 {
         let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
+        let keys = match (&s3.access_key_id_env, &s3.secret_access_key_env) {
+            (Some(id), Some(secret)) => {
+                Some(StaticKeys { access_key_id: env(id)?, secret_access_key: env(secret)?, session_token: None })
+            }
+            (None, None) => None,
+            _ => anyhow::bail!("storage.s3: set both access_key_id_env and secret_access_key_env, or neither"),
+        };
         return Ok(Arc::new(S3Store::new(S3Settings {
             bucket: s3.bucket.clone(),
             endpoint: s3.endpoint.clone(),
             region: s3.region.clone(),
             prefix: s3.prefix.clone(),
             path_style: s3.path_style,
-            access_key_id: env(&s3.access_key_id_env)?,
-            secret_access_key: env(&s3.secret_access_key_env)?,
-            session_token: std::env::var("AWS_SESSION_TOKEN").ok(),
+            keys,
         })));
     }
     let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;

@@ -5,6 +5,7 @@
 //! [`ObjectWriter`] that publishes the object only on [`ObjectWriter::finish`], so a
 //! failed or abandoned write never leaves a half-written object behind.
 
+pub mod credentials;
 mod dir;
 mod key;
 mod s3;
@@ -16,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 
+pub use credentials::StaticKeys;
 pub use dir::DirStore;
 pub use key::Key;
 pub use s3::{S3Settings, S3Store};

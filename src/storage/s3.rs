@@ -8,15 +8,14 @@ use std::ops::Range;
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
-use aws_sdk_s3::config::{
-    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
-};
+use aws_sdk_s3::config::{BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::primitives::ByteStream as S3Body;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use super::credentials::{StaticKeys, provider};
 use super::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
 
 /// S3 wants parts of at least 5 MiB but the last.
@@ -31,9 +30,8 @@ pub struct S3Settings {
     /// Prepended to every key, so one bucket can hold several installations.
     pub prefix: String,
     pub path_style: bool,
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
+    /// `None`: the AWS SDK's default credential chain (see [`super::credentials`]).
+    pub keys: Option<StaticKeys>,
 }
 
 pub struct S3Store {
@@ -48,13 +46,7 @@ fn backend<E: std::error::Error + 'static, R: std::fmt::Debug>(error: SdkError<E
 
 impl S3Store {
     pub fn new(settings: S3Settings) -> Self {
-        let credentials = Credentials::new(
-            settings.access_key_id,
-            settings.secret_access_key,
-            settings.session_token,
-            None,
-            "nightshift-config",
-        );
+        let credentials = provider(settings.keys, &settings.region);
         let mut config = aws_sdk_s3::config::Builder::new()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(settings.region))

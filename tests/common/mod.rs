@@ -12,6 +12,7 @@ pub mod ports;
 pub mod process;
 pub mod proxy;
 pub mod serve;
+pub mod sts;
 pub mod tools;
 pub mod upstream;
 pub mod values_doc;
@@ -30,7 +31,7 @@ use nightshift::batches::{BatchSettings, EmbeddedBatchStore};
 use nightshift::config::{ApiKeyConfig, ProjectConfig};
 use nightshift::files::FileCatalog;
 use nightshift::ids::ProjectId;
-use nightshift::storage::{DirStore, ObjectStore, S3Settings, S3Store};
+use nightshift::storage::{DirStore, ObjectStore, S3Settings, S3Store, StaticKeys};
 use tempfile::TempDir;
 use tower::ServiceExt;
 
@@ -99,9 +100,11 @@ impl TestS3 {
             region: "us-east-1".into(),
             prefix: prefix.into(),
             path_style: true,
-            access_key_id: S3_ACCESS_KEY.into(),
-            secret_access_key: S3_SECRET_KEY.into(),
-            session_token: None,
+            keys: Some(StaticKeys {
+                access_key_id: S3_ACCESS_KEY.into(),
+                secret_access_key: S3_SECRET_KEY.into(),
+                session_token: None,
+            }),
         }
     }
 

@@ -13,8 +13,6 @@ storage:
     region: {{ .Values.storage.s3.region | quote }}
     prefix: {{ .Values.storage.s3.prefix | quote }}
     path_style: {{ .Values.storage.s3.pathStyle }}
-    access_key_id_env: AWS_ACCESS_KEY_ID
-    secret_access_key_env: AWS_SECRET_ACCESS_KEY
 {{- $upstreams := list }}
 {{- range .Values.upstreams }}
 {{- $upstream := omit . "apiKeySecret" }}

@@ -76,18 +76,22 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "NIGHTSHIFT_UPSTREAM_%s_API_KEY" (regexReplaceAll "[^A-Z0-9]+" (upper .name) "_")) .api_key_env }}
 {{- end }}
 
-{{/* S3 credentials as env entries (api, controller and workers). */}}
+{{/* S3 credentials as env entries (api, controller and workers), from the existing Secret;
+none without one (workload identity: IRSA or EKS Pod Identity give them through the
+ServiceAccount, and the AWS SDK's default chain finds them). */}}
 {{- define "nightshift.s3Env" -}}
+{{- with .Values.storage.s3.credentials.existingSecret }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef:
-      name: {{ required "storage.s3.credentials.existingSecret is required" .Values.storage.s3.credentials.existingSecret }}
-      key: {{ .Values.storage.s3.credentials.accessKeyIdKey }}
+      name: {{ . }}
+      key: {{ $.Values.storage.s3.credentials.accessKeyIdKey }}
 - name: AWS_SECRET_ACCESS_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.storage.s3.credentials.existingSecret }}
-      key: {{ .Values.storage.s3.credentials.secretAccessKeyKey }}
+      name: {{ . }}
+      key: {{ $.Values.storage.s3.credentials.secretAccessKeyKey }}
+{{- end }}
 {{- end }}
 
 {{/* Pod template pieces shared by the api and the controller. */}}
