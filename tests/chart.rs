@@ -631,7 +631,8 @@ fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
 fn cluster_values(s3: &TestS3) -> Value {
     json!({
         "image": {"repository": "nightshift", "tag": IMAGE_TAG},
-        "worker": {"image": {"repository": "nightshift-worker"}},
+        // Worker "pods" are host processes here, one network: no metrics port each.
+        "worker": {"image": {"repository": "nightshift-worker"}, "metricsPort": null},
         "storage": {"s3": {
             "bucket": s3.bucket, "endpoint": s3.endpoint, "pathStyle": true,
             "credentials": {"existingSecret": "nightshift-s3"},

@@ -15,6 +15,7 @@ use common::TestS3;
 use common::cluster::{Kubelet, TestCluster, eventually};
 use common::process::{Process, spawn};
 use common::proxy::Partition;
+use common::sts::Sts;
 use common::upstream::MockUpstream;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -31,7 +32,12 @@ use tempfile::TempDir;
 const NS: &str = "nightshift";
 const IMAGE: &str = "nightshift:test";
 
+/// What the STS stand-in accepts, as IRSA's webhook would set it up.
+const WEB_IDENTITY_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.operator-test.signature";
+const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/nightshift";
+
 struct Operator {
+    sts: Option<Sts>,
     cluster: TestCluster,
     s3: TestS3,
     upstream: MockUpstream,
@@ -106,6 +112,19 @@ impl Operator {
         worker_image: &str,
         batches: &str,
     ) -> Self {
+        Self::start_full(shard_lines, upstream_delay, concurrency, worker_image, batches, false).await
+    }
+
+    /// With `web_identity`, every role (api, controller, worker pods) reaches S3 as IRSA
+    /// would have it: a token file and a role, traded at an STS stand-in for keys.
+    async fn start_full(
+        shard_lines: u32,
+        upstream_delay: Duration,
+        concurrency: usize,
+        worker_image: &str,
+        batches: &str,
+        web_identity: bool,
+    ) -> Self {
         let cluster = TestCluster::start().await;
         cluster.create_namespace(NS).await;
         let client = cluster.client().await;
@@ -153,6 +172,29 @@ impl Operator {
         let s3 = TestS3::start();
         let upstream = MockUpstream::start().await;
         upstream.delay(upstream_delay);
+        let sts = match web_identity {
+            true => Some(Sts::start(WEB_IDENTITY_TOKEN, ROLE_ARN, Duration::from_secs(30)).await),
+            false => None,
+        };
+        let mut env: Vec<(&'static str, String)> = match &sts {
+            None => vec![
+                ("AWS_ACCESS_KEY_ID", common::S3_ACCESS_KEY.to_owned()),
+                ("AWS_SECRET_ACCESS_KEY", common::S3_SECRET_KEY.to_owned()),
+            ],
+            Some(sts) => {
+                let token = dir.path().join("web-identity-token");
+                std::fs::write(&token, WEB_IDENTITY_TOKEN).unwrap();
+                vec![
+                    ("AWS_WEB_IDENTITY_TOKEN_FILE", token.display().to_string()),
+                    ("AWS_ROLE_ARN", ROLE_ARN.to_owned()),
+                    ("AWS_ENDPOINT_URL_STS", sts.url.clone()),
+                    ("AWS_REGION", "us-east-1".to_owned()),
+                ]
+            }
+        };
+        env.push(("AWS_EC2_METADATA_DISABLED", "true".to_owned()));
+        let worker_env: String =
+            env.iter().map(|(name, value)| format!("      - {{name: {name}, value: \"{value}\"}}\n")).collect();
         let config = dir.path().join("nightshift.yaml");
         std::fs::write(
             &config,
@@ -161,21 +203,15 @@ impl Operator {
                  upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n\
                  batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n{batches}\
                  kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{worker_image}\"\n    config_path: {config}\n    backoff_limit: {backoff}\n    env:\n\
-                 \x20     - {{name: AWS_ACCESS_KEY_ID, value: {ak}}}\n      - {{name: AWS_SECRET_ACCESS_KEY, value: {sk}}}\n      - {{name: RUST_LOG, value: info}}\n",
+                 {worker_env}      - {{name: RUST_LOG, value: info}}\n",
                 bucket = s3.bucket,
                 endpoint = s3.endpoint,
                 upstream = upstream.base_url,
                 config = dir.path().join("nightshift.yaml").display(),
-                ak = common::S3_ACCESS_KEY,
-                sk = common::S3_SECRET_KEY,
                 backoff = if worker_image == FAILING_IMAGE { 0 } else { 3 },
             ),
         )
         .unwrap();
-        let env = vec![
-            ("AWS_ACCESS_KEY_ID", common::S3_ACCESS_KEY.to_owned()),
-            ("AWS_SECRET_ACCESS_KEY", common::S3_SECRET_KEY.to_owned()),
-        ];
         let kubelet = Kubelet::start(
             client,
             NS,
@@ -197,6 +233,7 @@ impl Operator {
         );
         let api_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
         let mut operator = Self {
+            sts,
             cluster,
             s3,
             upstream,
@@ -641,6 +678,18 @@ async fn the_controllers_line_and_token_counters_add_up_to_the_batchs_counts() {
     eprintln!("[metrics] during the batch {during} lines counted; after {after}; tokens {used}");
     assert!(during <= after);
     assert_eq!(used, batch["usage"]["total_tokens"].as_f64().unwrap(), "tokens counted as the batch's usage");
+}
+
+/// No keys anywhere: the api, the controller and every worker pod get their S3
+/// credentials as IRSA gives them, through STS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_role_reaches_s3_through_web_identity() {
+    let operator = Operator::start_full(10, Duration::from_millis(20), 4, IMAGE, "", true).await;
+    let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "30")]));
+    check_results(finished.last().unwrap(), 30);
+    let calls = operator.sts.as_ref().unwrap().calls();
+    eprintln!("[identity] {calls} credentials handed out by STS for the api, the controller and 3 worker pods");
+    assert!(calls >= 5, "each process traded its token: {calls}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

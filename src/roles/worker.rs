@@ -69,16 +69,19 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     // The controller counts lines and tokens from the checkpoints: a pod may be gone
     // before its last scrape.
     crate::metrics::METRICS.count_from_checkpoints();
+    // Metrics are a view: a port that can't be had costs the view, not the shard.
     if let Some(address) = args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("cannot serve metrics on {address}"))?;
-        tokio::spawn(async move {
-            let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
-            if let Err(error) = axum::serve(listener, router).await {
-                tracing::warn!(%error, "the metrics server stopped");
+        match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => {
+                tokio::spawn(async move {
+                    let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
+                    if let Err(error) = axum::serve(listener, router).await {
+                        tracing::warn!(%error, "the metrics server stopped");
+                    }
+                });
             }
-        });
+            Err(error) => tracing::warn!(%address, %error, "cannot serve metrics; running the shard without"),
+        }
     }
     let batch = BatchId::parse(&args.batch_id).context("--batch-id is not a batch id")?;
     let project = ProjectId::parse(&args.project_id).context("--project-id is not a UUID")?;
