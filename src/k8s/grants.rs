@@ -18,7 +18,7 @@ use crate::drive::WorkerPhase;
 use crate::exec::ExecError;
 use crate::grants::divide::{Seen, divide};
 use crate::grants::tokens::{TokenRun, divide_tokens};
-use crate::grants::{self, Ack, TokenGrant, read_ack, read_grant, write_grant};
+use crate::grants::{self, Ack, Grant, TokenGrant, read_ack, read_grant, write_grant};
 use crate::storage::ObjectStore;
 
 const EVERY: Duration = Duration::from_millis(500);
@@ -37,21 +37,48 @@ pub fn is_running_worker(job: &Job) -> bool {
 /// for as long as this controller leads.
 pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, limits: BTreeMap<String, u32>) {
     let store = ctx.exec.store.clone();
+    let mut workers = Workers { seen: recall(store.as_ref()).await, leaving: BTreeMap::new() };
     let mut final_usage = HashMap::new();
-    let mut seen = recall(store.as_ref()).await;
-    // Workers no longer running, and since when (to let a deleted Job's pod stop).
-    let mut leaving: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         tokio::time::sleep(EVERY).await;
         let jobs = ctx.jobs.state();
-        let running: Vec<String> = jobs.iter().filter(|job| is_running_worker(job)).map(|job| job.name_any()).collect();
+        let running: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
+        workers.observe(store.as_ref(), &jobs, &running).await;
+        let mut next = divide(&limits, &workers.seen);
+        match share_quotas(&ctx, &batches, &running, &workers.seen, &mut final_usage).await {
+            Ok(tokens) => {
+                for (name, grant) in tokens {
+                    if let Some(next) = next.get_mut(&name) {
+                        next.tokens = Some(grant);
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not share the projects' quotas this time"),
+        }
+        workers.grant(store.as_ref(), &running, next).await;
+    }
+}
+
+/// The workers as the controller last saw them.
+struct Workers {
+    seen: BTreeMap<String, Seen>,
+    /// Workers no longer running, and since when (to let a deleted Job's pod stop).
+    leaving: BTreeMap<String, Instant>,
+}
+
+impl Workers {
+    /// Reads every worker's acknowledgment; forgets those that are gone: finished (their
+    /// pods ended), released, or deleted long enough ago. Until then, one that no longer
+    /// runs holds what it held and wants nothing more.
+    async fn observe(&mut self, store: &dyn ObjectStore, jobs: &[Arc<Job>], running: &[Arc<Job>]) {
+        let running: Vec<String> = running.iter().map(|job| job.name_any()).collect();
         for name in &running {
-            seen.entry(name.clone()).or_default();
-            leaving.remove(name);
+            self.seen.entry(name.clone()).or_default();
+            self.leaving.remove(name);
         }
         let mut gone = Vec::new();
-        for (name, worker) in seen.iter_mut() {
-            let ack = match read_ack(store.as_ref(), name).await {
+        for (name, worker) in self.seen.iter_mut() {
+            let ack = match read_ack(store, name).await {
                 Ok(ack) => ack,
                 Err(error) => {
                     tracing::warn!(worker = %name, %error, "could not read a worker's acknowledgment");
@@ -62,42 +89,31 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, lim
                 worker.acked = ack;
                 continue;
             }
-            // Finished (its pods have ended), released, or deleted long enough ago.
             let finished = jobs.iter().any(|job| job.name_any() == *name && job_phase(job) != WorkerPhase::Running);
-            let since = *leaving.entry(name.clone()).or_insert_with(Instant::now);
+            let since = *self.leaving.entry(name.clone()).or_insert_with(Instant::now);
             if finished || ack.as_ref().is_some_and(|a| a.released) || since.elapsed() > DELETED_GRACE {
                 gone.push(name.clone());
             }
-            // Until then it holds what it held, and wants nothing more.
             let holds = ack.map_or_else(|| worker.granted.upstreams.clone(), |a| a.upstreams);
             worker.acked = Some(Ack { upstreams: holds, ..Ack::default() });
         }
         for name in gone {
-            seen.remove(&name);
-            leaving.remove(&name);
-            if let Err(error) = grants::remove(store.as_ref(), &name).await {
+            self.seen.remove(&name);
+            self.leaving.remove(&name);
+            if let Err(error) = grants::remove(store, &name).await {
                 tracing::warn!(worker = %name, %error, "could not remove a finished worker's grant");
             }
         }
-        // Only running workers get grants; those leaving keep what they hold, counted.
-        let mut next = divide(&limits, &seen);
-        let running_jobs: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
-        match share_quotas(&ctx, &batches, &running_jobs, &seen, &mut final_usage).await {
-            Ok(tokens) => {
-                for (name, grant) in tokens {
-                    if let Some(next) = next.get_mut(&name) {
-                        next.tokens = Some(grant);
-                    }
-                }
-            }
-            Err(error) => tracing::warn!(%error, "could not share the projects' quotas this time"),
-        }
+    }
+
+    /// Writes the grants that changed, to running workers only.
+    async fn grant(&mut self, store: &dyn ObjectStore, running: &[Arc<Job>], next: BTreeMap<String, Grant>) {
         for (name, grant) in next {
-            let worker = seen.get_mut(&name).expect("divided among the seen");
-            if !running.contains(&name) || worker.granted == grant {
+            let Some(worker) = self.seen.get_mut(&name) else { continue };
+            if worker.granted == grant || !running.iter().any(|job| job.name_any() == name) {
                 continue;
             }
-            match write_grant(store.as_ref(), &name, &grant).await {
+            match write_grant(store, &name, &grant).await {
                 Ok(()) => worker.granted = grant,
                 Err(error) => tracing::warn!(worker = %name, %error, "could not write a worker's grant"),
             }
@@ -116,6 +132,13 @@ async fn share_quotas(
     final_usage: &mut HashMap<(String, u32), u64>,
 ) -> Result<BTreeMap<String, TokenGrant>, ExecError> {
     let store = ctx.exec.store.as_ref();
+    let unfinished: std::collections::HashSet<String> = batches
+        .state()
+        .iter()
+        .filter(|b| b.status.as_ref().is_some_and(|s| !s.status.is_terminal()))
+        .map(|b| resource_name(&b.spec.batch.id))
+        .collect();
+    final_usage.retain(|(batch, _), _| unfinished.contains(batch));
     let mut grants = BTreeMap::new();
     let mut by_project: BTreeMap<String, Vec<&Arc<Job>>> = BTreeMap::new();
     for job in running {
