@@ -16,11 +16,12 @@
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{ClusterOptions, TestCluster, eventually};
+use common::committed::{check_kill_laws, committed_custom_ids, settle};
 use common::image;
 use common::node::{NODE_NAME, POD_CIDR, RealNode, host_address};
 use common::tools::{helm, kubectl_bin, run};
@@ -39,7 +40,7 @@ const NS: &str = "nightshift";
 const RELEASE: &str = "nightshift";
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/nightshift");
 const SDK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py");
-/// Lines per shard (one Job each) and the upstream's concurrency per worker pod.
+/// Lines per shard (one Job each) and the upstream's concurrency (over the installation).
 const SHARD_LINES: usize = 10;
 const CONCURRENCY: u64 = 2;
 
@@ -48,7 +49,7 @@ const CONCURRENCY: u64 = 2;
 struct Installation {
     node: RealNode,
     cluster: TestCluster,
-    _s3: TestS3,
+    s3: TestS3,
     upstream: MockUpstream,
     helm_home: TempDir,
     values: std::path::PathBuf,
@@ -94,8 +95,7 @@ impl Installation {
             "controller": {"replicas": 2, "leaseSeconds": 5},
         });
         std::fs::write(&values, serde_json::to_string(&values_json).unwrap()).unwrap();
-        let mut installation =
-            Installation { node, cluster, _s3: s3, upstream, helm_home, values, api_url: String::new() };
+        let mut installation = Installation { node, cluster, s3, upstream, helm_home, values, api_url: String::new() };
         let started = Instant::now();
         installation.helm(&["install", RELEASE, CHART, "-f", installation.values.to_str().unwrap(), "--wait"]);
         eprintln!("[node] helm install --wait: ready in {:.1?}", started.elapsed());
@@ -288,7 +288,7 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     let calls_before = upstream.total_calls();
     let per_line_before = upstream.all_calls();
     let sdk = installation.sdk(20, &[("MODEL", "mock-b")]);
-    let (victim, in_flight_at_kill) = eventually("a worker pod in the middle of its shard", 120, || async {
+    let victim = eventually("a worker pod in the middle of its shard", 120, || async {
         let done = upstream.total_calls() - calls_before;
         if done < 3 {
             return None;
@@ -297,11 +297,21 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
         let pod = pods.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))?;
         let id = pod.status.as_ref()?.container_statuses.as_ref()?[0].container_id.clone()?;
         let id = id.strip_prefix("containerd://")?.to_owned();
-        let in_flight = upstream.in_flight();
         installation.node.kill_container(&id);
-        Some((pod, in_flight))
+        Some(pod)
     })
     .await;
+    // What the killed pod had committed (its shard's next pod starts after the Job
+    // controller's backoff), and the calls since this phase began.
+    settle(upstream).await;
+    let committed = committed_custom_ids(&*installation.s3.store(), &[&batch]).await;
+    let since = |calls: HashMap<String, u32>| -> HashMap<String, u32> {
+        calls
+            .into_iter()
+            .map(|(line, n)| (line.clone(), n - per_line_before.get(&line).copied().unwrap_or(0)))
+            .collect()
+    };
+    let sent_at_kill = since(upstream.all_calls());
     let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
     check_results(&lines, 20);
     let job_name = victim.labels().get("job-name").unwrap().clone();
@@ -312,16 +322,10 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     })
     .await;
     assert_eq!(counts, (Some(1), Some(1)), "the killed pod failed, the next one finished");
-    // The batches of every phase use the custom_ids line-0, line-1, ...: count this one's calls.
-    let resent: u32 = upstream
-        .all_calls()
-        .iter()
-        .map(|(line, calls)| (calls - per_line_before.get(line).copied().unwrap_or(0)).saturating_sub(1))
-        .sum();
-    eprintln!("[node] killed a worker with {in_flight_at_kill} requests in flight; {resent} requests were sent again");
-    // Re-sent: at most what was in flight, plus what finished within one checkpoint
-    // interval before the kill (at most the worker's concurrency here).
-    assert!(resent as u64 <= in_flight_at_kill + CONCURRENCY, "{resent} lines sent again");
+    // The batches of every phase use the custom_ids line-0, line-1, ...: this phase's calls
+    // only. Nothing committed at the kill was sent again; only lines sent and not committed.
+    let resent = check_kill_laws(&sent_at_kill, &committed, &since(upstream.all_calls()));
+    eprintln!("[node] killed a worker: {} lines committed at the kill, {} sent again", committed.len(), resent.len());
 
     // -- 3. The leading controller's pod deleted mid-batch: the other replica finishes.
     upstream.delay(Duration::from_millis(300));

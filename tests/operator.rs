@@ -487,8 +487,9 @@ async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
     operator.kubelet.kill_pod_process(&pod);
     // The Job's next pod starts after the Job controller's backoff (10 s): read what the
     // killed one had committed now.
-    let sent_at_kill = common::committed::calls_after_kill(upstream).await;
-    let committed = common::committed::committed_custom_ids(&*operator.s3.store()).await;
+    common::committed::settle(upstream).await;
+    let committed = common::committed::committed_custom_ids(&*operator.s3.store(), &[]).await;
+    let sent_at_kill = upstream.all_calls();
     let output = sdk.await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));

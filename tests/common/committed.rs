@@ -13,9 +13,11 @@ use serde_json::Value;
 
 use super::upstream::MockUpstream;
 
-/// The calls per custom_id once the upstream has seen every request the killed process
-/// sent: requests already in its sockets are read (and counted) after the kill.
-pub async fn calls_after_kill(upstream: &MockUpstream) -> HashMap<String, u32> {
+/// Waits until the upstream has seen every request a killed process sent (requests
+/// already in its sockets are read, and counted, after the kill). Read what was committed
+/// next, and the upstream's calls last: a line committed was sent before, so whatever
+/// other worker still runs, every committed line is in the calls.
+pub async fn settle(upstream: &MockUpstream) {
     for _ in 0..100 {
         if upstream.in_flight() == 0 {
             break;
@@ -23,16 +25,15 @@ pub async fn calls_after_kill(upstream: &MockUpstream) -> HashMap<String, u32> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    upstream.all_calls()
 }
 
-/// The custom_ids of every committed record of every batch in `store`.
-pub async fn committed_custom_ids(store: &dyn ObjectStore) -> HashSet<String> {
+/// The custom_ids of every committed record of every batch in `store` but `except`.
+pub async fn committed_custom_ids(store: &dyn ObjectStore, except: &[&str]) -> HashSet<String> {
     let mut ids = HashSet::new();
     for key in store.list("batches/").await.unwrap() {
         // batches/<batch id>/shard-<index>/checkpoint-<seq>-<writer>.json
         let parts: Vec<&str> = key.as_str().split('/').collect();
-        if parts.len() != 4 || !parts[3].starts_with("checkpoint-") {
+        if parts.len() != 4 || !parts[3].starts_with("checkpoint-") || except.contains(&parts[1]) {
             continue;
         }
         let batch = BatchId::parse(parts[1]).unwrap();
