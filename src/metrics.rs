@@ -45,7 +45,9 @@ pub struct ProjectLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub method: String,
+    /// One of the known methods, or `other`.
+    pub method: &'static str,
+    /// The matched route template, or `unmatched`: never the raw path.
     pub route: String,
 }
 
@@ -56,7 +58,8 @@ pub struct BuildLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
-    pub method: String,
+    /// One of the known methods, or `other`.
+    pub method: &'static str,
     /// The matched route (`/v1/files/{file_id}`), never the raw path: ids would
     /// make every request a new series.
     pub route: String,
@@ -249,10 +252,7 @@ mod tests {
         metrics.upstream_retry("local");
         metrics.set_batches([Status::InProgress, Status::Completed, Status::Completed].into_iter(), 7);
         metrics.tokens_used("p1", 12);
-        metrics
-            .http_duration
-            .get_or_create(&RouteLabels { method: "GET".into(), route: "/v1/files".into() })
-            .observe(0.002);
+        metrics.http_duration.get_or_create(&RouteLabels { method: "GET", route: "/v1/files".into() }).observe(0.002);
         let text = metrics.encode();
         for expected in [
             "nightshift_lines_total{outcome=\"completed\",code=\"\"} 1",

@@ -179,7 +179,11 @@ impl Runtime for Runner {
         match result {
             Ok(batch) if batch.state.status == state.status => Ok(Some(batch)),
             Ok(_) => Ok(None),
-            Err(error) => Err(ExecError::Corrupt(format!("cannot save batch {}: {error}", read.spec.id))),
+            // The store failed (a full disk, a permission): worth trying again, not corrupt data.
+            Err(error) => Err(ExecError::Storage(crate::storage::StorageError::Backend(format!(
+                "cannot save batch {}: {error}",
+                read.spec.id
+            )))),
         }
     }
 

@@ -293,3 +293,18 @@ async fn serve_killed_mid_batch_resumes_with_no_duplicate_and_no_lost_line() {
         results.output.values().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids.len(), 300);
 }
+
+#[tokio::test]
+async fn an_output_file_is_refused_as_a_batch_input_with_a_purpose_error() {
+    let upstream = MockUpstream::start().await;
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 4, "", "");
+    let batch = client.create(&client.upload(input(&ids("o", 3), "mock-a")).await).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    let output = batch["output_file_id"].as_str().unwrap();
+    let (status, error) = client.try_create(output).await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(error["error"]["code"], "invalid_purpose", "{error}");
+    assert_eq!(error["error"]["param"], "input_file_id");
+    assert!(error["error"]["message"].as_str().unwrap().contains("purpose 'batch'"), "{error}");
+}

@@ -363,6 +363,39 @@ async fn every_response_carries_a_request_id_and_router_errors_use_the_envelope(
     }
 }
 
+/// Metrics labels come from closed sets: no client can add series by inventing methods
+/// or paths (unauthenticated, too).
+#[tokio::test]
+async fn invented_methods_and_paths_never_grow_the_metrics() {
+    let (_b, app) = app().await;
+    let request = |method: &str, path: &str| Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+    let series = || nightshift::metrics::METRICS.encode().lines().filter(|line| !line.starts_with('#')).count();
+    // One request of each shape first: an invented method on an unknown path and on a
+    // route, a known one on an unknown path, and on a route with an id.
+    for (method, path) in [("BREW", "/coffee"), ("BREW", "/v1/files"), ("GET", "/nope"), ("GET", "/v1/files/file-x")] {
+        app.send(request(method, path)).await;
+    }
+    let before = series();
+    for n in 0..2000 {
+        let answer = app.send(request(&format!("M{n}"), &format!("/p{n}/{n}"))).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        app.send(request(&format!("X{n}"), "/v1/files")).await;
+        app.send(request("GET", &format!("/v1/files/file-{n}"))).await;
+    }
+    assert_eq!(series(), before, "6,000 invented requests added series");
+}
+
+#[tokio::test]
+async fn a_path_id_that_is_not_utf8_gets_the_error_envelope() {
+    let (_b, app) = app().await;
+    for path in ["/v1/files/%FF", "/v1/files/%FF/content", "/v1/batches/%C3%28"] {
+        app.get(path).await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
+    }
+    app.delete("/v1/files/%FF").await.error(StatusCode::BAD_REQUEST, "invalid_request_error");
+    let cancel = app.post_json("/v1/batches/%FF/cancel", serde_json::json!({})).await;
+    cancel.error(StatusCode::BAD_REQUEST, "invalid_request_error");
+}
+
 #[tokio::test]
 async fn cors_preflight_answers_before_routing_and_authentication() {
     let (_b, app) = app().await;

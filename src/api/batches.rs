@@ -1,6 +1,6 @@
 //! `/v1/batches`: create, retrieve, list and cancel.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
-use super::extract::{self, CurrentProject, Query};
+use super::extract::{self, CurrentProject, Path, Query};
 use super::list::ListPage;
 use crate::batches::create::CreateError;
 use crate::batches::{BatchObject, CreateBatch, UpdateError, cancel, create_batch};
@@ -36,6 +36,9 @@ impl From<CreateError> for ApiError {
             }
             CreateError::InputNotFound(_) | CreateError::InputMissing(_) => {
                 ApiError::not_found("file_not_found", error.to_string()).with_param("input_file_id")
+            }
+            CreateError::InputPurpose(_) => {
+                ApiError::bad_request("invalid_purpose", error.to_string()).with_param("input_file_id")
             }
             CreateError::Invalid { error, .. } => {
                 let mut api = ApiError::bad_request("invalid_request_error", error.message);

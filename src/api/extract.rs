@@ -60,6 +60,21 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
     }
 }
 
+/// `axum::extract::Path` with enveloped rejections (a path segment that is not valid
+/// UTF-8 once percent-decoded, such as `%FF`).
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::bad_request("invalid_request_error", rejection.body_text())),
+        }
+    }
+}
+
 /// The project that the auth middleware authenticated for this request.
 pub struct CurrentProject(pub Project);
 

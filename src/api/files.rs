@@ -1,7 +1,7 @@
 //! `/v1/files`: list, retrieve, download and delete (upload is in `upload.rs`).
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{CurrentProject, Query};
+use super::extract::{CurrentProject, Path, Query};
 use super::list::ListPage;
 use super::upload::{MAX_UPLOAD_REQUEST_BYTES, create_file};
 use crate::files::{FileListQuery, FileObject, FileRecord, Order};

@@ -24,7 +24,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 pub async fn request_id(request: Request, next: Next) -> Response {
     let id = RequestId::generate();
     let started = Instant::now();
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
@@ -54,10 +54,17 @@ pub async fn request_id(request: Request, next: Next) -> Response {
     }
     // Until the response's head: a download's body streams after.
     let took = started.elapsed().as_secs_f64();
-    METRICS.http_duration.get_or_create(&RouteLabels { method: method.clone(), route: route.clone() }).observe(took);
+    METRICS.http_duration.get_or_create(&RouteLabels { method, route: route.clone() }).observe(took);
     let labels = HttpLabels { method, route, status: response.status().as_u16() };
     METRICS.http_requests.get_or_create(&labels).inc();
     response
+}
+
+/// A request's method as a metrics label: a closed set, whatever a client sends (any
+/// token is a valid HTTP method, and each new label value would be a new series).
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [&str; 7] = ["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"];
+    KNOWN.into_iter().find(|known| *known == method.as_str()).unwrap_or("other")
 }
 
 /// Turns a panic in a handler into the 500 envelope, instead of a dropped connection.

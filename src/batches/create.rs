@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::model::{Batch, BatchError, BatchSpec, BatchState};
 use super::store::{BatchStore, StoreError};
 use crate::clock;
-use crate::files::FileCatalog;
+use crate::files::{FileCatalog, Purpose};
 use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
 use crate::validate::{self, InvalidInput, Validator};
@@ -45,6 +45,9 @@ pub enum CreateError {
     /// 404 "Input file object missing: <id>": the record is there, the bytes are not.
     #[error("Input file object missing: {0}")]
     InputMissing(String),
+    /// 400: the input is a file the service wrote (`batch_output`), not an upload.
+    #[error("Input file {0} has purpose 'batch_output'; a batch's input must be a file uploaded with purpose 'batch'")]
+    InputPurpose(String),
     /// The input failed validation; the batch was persisted as `failed`.
     #[error("{error}")]
     Invalid { error: InvalidInput, batch: Box<Batch> },
@@ -117,6 +120,9 @@ pub async fn create_batch(
         .find(project, &request.input_file_id)
         .await?
         .ok_or_else(|| CreateError::InputNotFound(request.input_file_id.clone()))?;
+    if input.purpose != Purpose::Batch {
+        return Err(CreateError::InputPurpose(request.input_file_id));
+    }
     let created_at = clock::now();
     let mut spec = BatchSpec {
         id: BatchId::generate(),

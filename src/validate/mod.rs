@@ -19,6 +19,8 @@ use line::LineFacts;
 use rules::CustomIds;
 use shards::ShardPlanner;
 
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// What a valid input file turned out to hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValidInput {
@@ -128,7 +130,8 @@ impl Validator {
     }
 
     fn append_pending(&mut self, bytes: &[u8]) -> Result<(), InvalidInput> {
-        if self.pending.len() + bytes.len() > MAX_LINE_BYTES {
+        // One byte over the limit may be the CR of a CRLF ending: `check_line` decides.
+        if self.pending.len() + bytes.len() > MAX_LINE_BYTES + 1 {
             // Too long already: no need to see its end, nor to keep it.
             self.pending = Vec::new();
             let error = InvalidInput::line_too_long(self.line_number + 1);
@@ -143,7 +146,14 @@ impl Validator {
     fn check_line(&mut self, line: &[u8], start: u64, end: u64) -> Result<(), InvalidInput> {
         self.line_number += 1;
         let n = self.line_number;
-        if line.len() > MAX_LINE_BYTES {
+        // A UTF-8 byte order mark opening the file is not content: the line, and the
+        // first shard's byte range (so workers never read it), start after it.
+        let (line, start) = match line.strip_prefix(UTF8_BOM) {
+            Some(rest) if start == 0 => (rest, UTF8_BOM.len() as u64),
+            _ => (line, start),
+        };
+        // The size limit is on the content: a CRLF ending's CR is not counted.
+        if line.strip_suffix(b"\r").unwrap_or(line).len() > MAX_LINE_BYTES {
             return Err(InvalidInput::line_too_long(n));
         }
         if line.iter().all(u8::is_ascii_whitespace) {

@@ -103,6 +103,29 @@ fn lines_over_one_megabyte_are_refused_even_split_across_chunks() {
     let exact = base.replace("\"m\"", &format!("\"m{}\"", "y".repeat(fill)));
     assert_eq!(exact.len(), MAX_LINE_BYTES);
     assert_eq!(validate(&second_line(&exact), URL, 5000).unwrap().requests, 2);
+    // ... and with a CRLF ending, fed whole or in pieces: the CR is not content.
+    let crlf = format!("{}\n{exact}\r\n{}\n", line("a"), line("b")).into_bytes();
+    for chunk_size in [crlf.len(), 64 * 1024, 7] {
+        let mut validator = Validator::new(URL, 5000);
+        crlf.chunks(chunk_size).for_each(|chunk| validator.feed(chunk).unwrap());
+        assert_eq!(validator.finish().unwrap().requests, 3, "chunk size {chunk_size}");
+    }
+    let over = format!("{}\n{exact}y\r\n", line("a"));
+    assert_eq!(refusal(over.as_bytes()).line, Some(2), "one byte of content over is still over");
+}
+
+#[test]
+fn a_byte_order_mark_opening_the_file_is_skipped_by_validation_and_by_workers() {
+    let input = [b"\xEF\xBB\xBF".as_slice(), &file(&[line("a"), line("b")])].concat();
+    let valid = validate(&input, URL, 1).unwrap();
+    assert_eq!(valid.requests, 2);
+    let first = &valid.shards.shards[0];
+    assert_eq!(first.byte_start, 3, "the first shard's range starts after the mark");
+    let range = &input[first.byte_start as usize..first.byte_end as usize];
+    assert!(range.starts_with(b"{"), "a worker reads JSON from its first byte");
+    // Only at the very start: elsewhere it is a line that is not JSON.
+    let inside = [file(&[line("a")]).as_slice(), b"\xEF\xBB\xBF", &file(&[line("b")])].concat();
+    assert_eq!(refusal(&inside).line, Some(2));
 }
 
 #[test]
