@@ -308,3 +308,28 @@ async fn an_output_file_is_refused_as_a_batch_input_with_a_purpose_error() {
     assert_eq!(error["error"]["param"], "input_file_id");
     assert!(error["error"]["message"].as_str().unwrap().contains("purpose 'batch'"), "{error}");
 }
+
+/// A serve killed during an upload leaves a temp file: the next start removes it. And
+/// one data directory has one serve: a second is refused instead of sharing it.
+#[tokio::test]
+async fn a_restart_removes_a_killed_uploads_temp_file_and_a_second_serve_is_refused() {
+    let data = TempDir::new().unwrap();
+    let dir = data.path().join("data");
+    let serve = Serve::start(&dir, &[]);
+    let orphan = dir.join(".tmp").join("01KILLEDUPLOAD");
+    std::fs::write(&orphan, vec![0u8; 64 * 1024]).unwrap();
+
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("in use by another nightshift process"), "{stderr}");
+    assert!(orphan.exists(), "the refused serve touched nothing");
+
+    serve.kill();
+    let _serve = Serve::start(&dir, &[]);
+    assert!(!orphan.exists(), "the restart removed what the killed upload left");
+}

@@ -3,11 +3,12 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use common::Backend;
+use common::{Backend, TestS3};
 use futures_util::StreamExt;
-use nightshift::storage::{Key, ObjectStore, StorageError};
+use nightshift::storage::{ABANDONED_AFTER, DirStore, Key, ObjectStore, S3Store, StorageError};
 
 fn key(raw: &str) -> Key {
     Key::parse(raw).unwrap()
@@ -143,3 +144,49 @@ conformance!(
     aborted_and_dropped_writers_leave_nothing,
     an_unfinished_write_keeps_the_previous_version,
 );
+
+/// A process killed mid-write (SIGKILL runs no destructor) leaves a temp file: the sweep
+/// removes it once idle, and never the file of a writer still writing.
+#[tokio::test]
+async fn the_directory_stores_sweep_removes_idle_temp_files_only() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let store = DirStore::open(dir.path()).await.unwrap();
+    let mut live = store.writer(&key("up/live")).await.unwrap();
+    live.write(Bytes::from_static(b"still ")).await.unwrap();
+    let orphan = dir.path().join(".tmp").join("01ORPHANED");
+    std::fs::write(&orphan, vec![0u8; 1024]).unwrap();
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(2 * 3600);
+    std::fs::File::options().write(true).open(&orphan).unwrap().set_modified(two_hours_ago).unwrap();
+
+    assert_eq!(store.sweep_abandoned(ABANDONED_AFTER).await.unwrap(), 1);
+    assert!(!orphan.exists());
+    live.write(Bytes::from_static(b"writing")).await.unwrap();
+    live.finish().await.unwrap();
+    assert_eq!(&store.get(&key("up/live")).await.unwrap()[..], b"still writing");
+}
+
+/// A multipart upload of a killed writer is found through the marker it left (s3s-fs,
+/// like several S3-compatible servers, cannot list uploads) and aborted once old enough.
+#[tokio::test]
+async fn a_multipart_upload_left_by_a_killed_writer_is_found_and_aborted() {
+    let s3 = TestS3::start();
+    let store = S3Store::new(s3.settings("sweep"));
+    let mut writer = store.writer(&key("big/left")).await.unwrap();
+    writer.write(Bytes::from(vec![1u8; 9 * 1024 * 1024])).await.unwrap();
+    std::mem::forget(writer);
+    assert_eq!(store.list("multipart-uploads/").await.unwrap().len(), 1, "the upload is noted");
+    assert_eq!(store.sweep_abandoned(ABANDONED_AFTER).await.unwrap(), 0, "not a day old yet");
+
+    assert_eq!(store.sweep_uploads(Duration::ZERO).await.unwrap(), 1);
+    assert!(store.list("multipart-uploads/").await.unwrap().is_empty());
+    assert_eq!(store.size(&key("big/left")).await.unwrap(), None);
+    // Writers that finish or abort leave no marker behind.
+    let mut done = store.writer(&key("big/done")).await.unwrap();
+    done.write(Bytes::from(vec![2u8; 9 * 1024 * 1024])).await.unwrap();
+    done.finish().await.unwrap();
+    let mut aborted = store.writer(&key("big/aborted")).await.unwrap();
+    aborted.write(Bytes::from(vec![3u8; 9 * 1024 * 1024])).await.unwrap();
+    aborted.abort().await;
+    assert!(store.list("multipart-uploads/").await.unwrap().is_empty());
+    assert_eq!(store.size(&key("big/done")).await.unwrap(), Some(9 * 1024 * 1024));
+}

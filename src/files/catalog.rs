@@ -180,6 +180,11 @@ impl FileCatalog {
 
     /// Removes the bytes and records of every deleted or expired file but the
     /// `pinned` ones (inputs of running batches), and returns how many files went.
+    /// Removes what writers that never finished left in storage.
+    pub async fn sweep_abandoned(&self) -> Result<usize, StorageError> {
+        self.store.sweep_abandoned(crate::storage::ABANDONED_AFTER).await
+    }
+
     pub async fn collect_garbage(&self, now: UnixSeconds, pinned: &HashSet<FileId>) -> Result<usize, StorageError> {
         let mut removed = 0;
         for key in self.store.list("file-meta/").await? {

@@ -1,4 +1,5 @@
-//! The background sweep that removes deleted and expired files from storage.
+//! The background sweep that removes deleted and expired files from storage, and what
+//! writers killed mid-write left behind (temp files, multipart uploads).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -7,7 +8,8 @@ use super::FileCatalog;
 use crate::clock;
 use crate::ids::FileId;
 
-/// Sweeps every `interval` until the task is dropped. `pinned` names the files that
+/// Sweeps every `interval`, the first time at once (a restart cleans up after the crash
+/// before it), until the task is dropped. `pinned` names the files that
 /// must stay whatever their records say (the inputs of unfinished batches).
 pub async fn run_gc_loop<F, Fut>(catalog: FileCatalog, interval: Duration, pinned: F)
 where
@@ -18,6 +20,11 @@ where
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        match catalog.sweep_abandoned().await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed what writers killed mid-write left behind"),
+            Err(error) => tracing::warn!(%error, "could not sweep abandoned writes; retrying next interval"),
+        }
         let pinned = pinned().await;
         match catalog.collect_garbage(clock::now(), &pinned).await {
             Ok(0) => {}

@@ -36,7 +36,29 @@ pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn Object
     }
     let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;
     let store = DirStore::open(dir).await.with_context(|| format!("cannot use {} for storage", dir.display()))?;
+    // One process per data directory: then every temp file there is a killed writer's.
+    lock_for_life(&dir.join(".lock"))?;
+    let swept = store.sweep_abandoned(std::time::Duration::ZERO).await?;
+    if swept > 0 {
+        tracing::info!(swept, "removed temp files left by a writer that was killed");
+    }
     Ok(Arc::new(store))
+}
+
+/// Holds an exclusive lock on `path` until the process exits (the kernel drops it then,
+/// however the process ends).
+fn lock_for_life(path: &std::path::Path) -> anyhow::Result<()> {
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    file.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "{} is in use by another nightshift process (its lock is {})",
+            path.parent().unwrap_or(path).display(),
+            path.display()
+        )
+    })?;
+    HELD.lock().expect("lock files").push(file);
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

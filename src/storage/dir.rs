@@ -76,6 +76,19 @@ impl ObjectStore for DirStore {
         Ok(metadata.filter(|m| m.is_file()).map(|m| m.len()))
     }
 
+    async fn sweep_abandoned(&self, idle: std::time::Duration) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        let mut entries = fs::read_dir(self.root.join(TMP_DIR)).await?;
+        while let Some(entry) = entries.next_entry().await? {
+            let Ok(modified) = entry.metadata().await.and_then(|m| m.modified()) else { continue };
+            if modified.elapsed().unwrap_or_default() >= idle {
+                not_found_as_none(fs::remove_file(entry.path()).await)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     async fn delete(&self, key: &Key) -> Result<(), StorageError> {
         not_found_as_none(fs::remove_file(self.path(key)).await)?;
         Ok(())

@@ -6,6 +6,13 @@
 //! failed or abandoned write never leaves a half-written object behind.
 
 pub mod credentials;
+
+/// A writer that has not written for this long was abandoned (its process died): uploads
+/// write continuously, and a stalled client is cut off well before.
+pub const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+/// An S3 multipart upload started this long ago was abandoned (S3 does not say when it
+/// last had a part, and the largest upload takes minutes).
+pub const ABANDONED_UPLOAD: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 mod dir;
 mod key;
 mod s3;
@@ -51,6 +58,13 @@ pub trait ObjectStore: Send + Sync + 'static {
 
     /// Every key that starts with `prefix`, in lexical order.
     async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError>;
+
+    /// Removes what writers that never finished left behind (a process killed during an
+    /// upload): the directory store's temp files not written to for `idle`, S3's multipart
+    /// uploads started longer ago than [`ABANDONED_UPLOAD`]. Returns how many went.
+    async fn sweep_abandoned(&self, _idle: std::time::Duration) -> Result<usize, StorageError> {
+        Ok(0)
+    }
 
     /// Writes a small object in one call.
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {

@@ -69,6 +69,45 @@ impl S3Store {
     fn object_key(&self, key: &Key) -> String {
         format!("{}{}", self.prefix, key)
     }
+
+    /// Aborts the multipart uploads whose markers are older than `age`, and drops the markers.
+    pub async fn sweep_uploads(&self, age: std::time::Duration) -> Result<usize, StorageError> {
+        let markers = format!("{}{UPLOAD_MARKERS}", self.prefix);
+        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix(&markers).into_paginator().send();
+        let cutoff = std::time::SystemTime::now() - age;
+        let mut aborted = 0;
+        while let Some(page) = pages.next().await {
+            for object in page.map_err(backend)?.contents() {
+                let (Some(marker), Some(modified)) = (object.key(), object.last_modified()) else { continue };
+                if std::time::SystemTime::try_from(*modified).is_ok_and(|at| at > cutoff) {
+                    continue;
+                }
+                let body = self.client.get_object().bucket(&self.bucket).key(marker).send().await.map_err(backend)?;
+                let bytes = body.body.collect().await.map_err(|e| StorageError::Backend(e.to_string()))?.into_bytes();
+                if let Ok(upload) = serde_json::from_slice::<UploadMarker>(&bytes) {
+                    let abort = self.client.abort_multipart_upload().bucket(&self.bucket);
+                    // Gone already (completed, or aborted by its writer): nothing to do.
+                    let _ = abort.key(&upload.key).upload_id(&upload.upload_id).send().await;
+                }
+                self.client.delete_object().bucket(&self.bucket).key(marker).send().await.map_err(backend)?;
+                aborted += 1;
+            }
+        }
+        Ok(aborted)
+    }
+}
+
+/// Where writers note their multipart uploads until they complete or abort them.
+const UPLOAD_MARKERS: &str = "multipart-uploads/";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct UploadMarker {
+    key: String,
+    upload_id: String,
+}
+
+fn marker_key(prefix: &str, upload_id: &str) -> String {
+    format!("{prefix}{UPLOAD_MARKERS}{}", hex::encode(upload_id))
 }
 
 #[async_trait]
@@ -77,6 +116,7 @@ impl ObjectStore for S3Store {
         Ok(Box::new(S3Writer {
             client: self.client.clone(),
             bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
             key: self.object_key(key),
             buffer: BytesMut::new(),
             upload: None,
@@ -135,6 +175,12 @@ impl ObjectStore for S3Store {
         }
     }
 
+    /// Multipart uploads are found through the markers their writers leave (S3-compatible
+    /// servers do not all list uploads), and aborted once [`super::ABANDONED_UPLOAD`] old.
+    async fn sweep_abandoned(&self, _idle: std::time::Duration) -> Result<usize, StorageError> {
+        self.sweep_uploads(super::ABANDONED_UPLOAD).await
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
         let mut pages = self
             .client
@@ -163,6 +209,8 @@ struct MultipartUpload {
 struct S3Writer {
     client: Client,
     bucket: String,
+    /// The store's prefix, for the upload's marker.
+    prefix: String,
     key: String,
     buffer: BytesMut,
     upload: Option<MultipartUpload>,
@@ -181,7 +229,12 @@ impl S3Writer {
                 .await
                 .map_err(backend)?;
             let id = created.upload_id().unwrap_or_default().to_owned();
+            // Noted before any part, so that a crash from here on leaves a marker to sweep.
+            let marker = UploadMarker { key: self.key.clone(), upload_id: id.clone() };
+            let marker = serde_json::to_vec(&marker).expect("markers serialize");
+            let request = self.client.put_object().bucket(&self.bucket).key(marker_key(&self.prefix, &id));
             self.upload = Some(MultipartUpload { id, parts: Vec::new() });
+            request.body(S3Body::from(marker)).send().await.map_err(backend)?;
         }
         let body = self.buffer.split().freeze();
         let upload = self.upload.as_mut().expect("multipart upload started above");
@@ -223,16 +276,23 @@ impl S3Writer {
             .send()
             .await
             .map_err(backend)?;
+        let marker = marker_key(&self.prefix, &upload.id);
         self.upload = None;
+        if let Err(error) = self.client.delete_object().bucket(&self.bucket).key(marker).send().await {
+            tracing::warn!(error = %DisplayErrorContext(error), "could not drop a finished upload's marker");
+        }
         Ok(())
     }
 
     fn abort_request(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
         let upload = self.upload.take()?;
+        let marker = self.client.delete_object().bucket(&self.bucket).key(marker_key(&self.prefix, &upload.id));
         let request = self.client.abort_multipart_upload().bucket(&self.bucket).key(&self.key).upload_id(upload.id);
         Some(async move {
-            if let Err(error) = request.send().await {
-                tracing::warn!(error = %DisplayErrorContext(error), "could not abort a multipart upload");
+            match request.send().await {
+                // Aborted: the marker has served (a sweep would find nothing to abort).
+                Ok(_) => drop(marker.send().await),
+                Err(error) => tracing::warn!(error = %DisplayErrorContext(error), "could not abort a multipart upload"),
             }
         })
     }
