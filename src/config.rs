@@ -31,6 +31,53 @@ pub struct Config {
     /// Only read by `api`, `controller` and `worker`.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// Limits of the API's HTTP server (`serve` and `api`).
+    #[serde(default)]
+    pub http: HttpConfig,
+}
+
+/// What a client may hold of the API's HTTP server, so that slow or idle clients can't
+/// take it down: every connection is cut off when it stalls.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Time to send a request's headers, counted from the connection's opening or, on a
+    /// kept-alive connection, from the previous response: also the idle timeout.
+    #[serde(default = "default_header_timeout", deserialize_with = "duration::deserialize_precise")]
+    pub header_timeout: Duration,
+    /// Longest pause between two pieces of a request body (an upload that stalls).
+    #[serde(default = "default_body_idle_timeout", deserialize_with = "duration::deserialize_precise")]
+    pub body_idle_timeout: Duration,
+    /// Connections served at once; more wait to be accepted.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Uploads received at once; more are answered 429 with `retry-after`.
+    #[serde(default = "default_max_uploads")]
+    pub max_uploads: usize,
+}
+
+fn default_header_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_body_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_max_connections() -> usize {
+    4096
+}
+fn default_max_uploads() -> usize {
+    64
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            header_timeout: default_header_timeout(),
+            body_idle_timeout: default_body_idle_timeout(),
+            max_connections: default_max_connections(),
+            max_uploads: default_max_uploads(),
+        }
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -46,6 +93,7 @@ impl Default for Config {
             upstreams: Vec::new(),
             batches: BatchesConfig::default(),
             files: FilesConfig::default(),
+            http: HttpConfig::default(),
             kubernetes: KubernetesConfig::default(),
         }
     }
@@ -443,6 +491,9 @@ impl Config {
                     }
                 }
             }
+        }
+        if self.http.max_connections == 0 || self.http.max_uploads == 0 {
+            return invalid("http.max_connections and http.max_uploads must be at least 1".into());
         }
         if self.batches.shard_lines == 0 {
             return invalid("batches.shard_lines must be at least 1".into());

@@ -31,6 +31,8 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<Cow<'static, str>>,
     pub line: Option<u64>,
+    /// Seconds to wait before trying again (the `retry-after` header of a 429).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -40,7 +42,15 @@ impl ApiError {
         code: Option<&'static str>,
         message: impl Into<String>,
     ) -> Self {
-        Self { status, error_type, code: code.map(Cow::Borrowed), message: message.into(), param: None, line: None }
+        Self {
+            status,
+            error_type,
+            code: code.map(Cow::Borrowed),
+            message: message.into(),
+            param: None,
+            line: None,
+            retry_after: None,
+        }
     }
 
     /// 400 `invalid_request_error` with a machine-readable code.
@@ -123,6 +133,10 @@ impl IntoResponse for ApiError {
                 line: self.line,
             },
         };
-        (self.status, Json(envelope)).into_response()
+        let mut response = (self.status, Json(envelope)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

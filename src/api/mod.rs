@@ -7,6 +7,7 @@ mod extract;
 mod files;
 mod list;
 mod middleware;
+pub mod server;
 mod upload;
 
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     /// Set when the server is stopping (see [`Drain`]).
     pub drain: Drain,
+    /// Uploads being received; when none is left, an upload is answered 429.
+    pub uploads: Arc<tokio::sync::Semaphore>,
 }
 
 /// `/metrics`, in the OpenMetrics text format (the api's and the controller's).

@@ -34,6 +34,19 @@ fn multipart_error(error: MultipartError) -> ApiError {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large();
     }
+    // The body stalled past `http.body_idle_timeout` (the server's body timeout).
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(cause) = source {
+        if cause.is::<tower_http::timeout::TimeoutError>() {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorType::InvalidRequestError,
+                Some("request_timeout"),
+                "The upload stalled: no part of the body arrived in time",
+            );
+        }
+        source = cause.source();
+    }
     ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", error.body_text()))
 }
 
@@ -57,6 +70,17 @@ pub async fn create_file(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+    // Each upload holds memory and a storage writer while it streams: a bounded number.
+    let Ok(_receiving) = state.uploads.clone().try_acquire_owned() else {
+        let mut busy = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorType::RateLimitExceeded,
+            Some("rate_limit_exceeded"),
+            "Too many uploads are in progress; retry shortly",
+        );
+        busy.retry_after = Some(1);
+        return Err(busy);
+    };
     if !is_multipart {
         return Err(ApiError::bad_request(
             "invalid_content_type",

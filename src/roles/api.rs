@@ -71,6 +71,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         // The controller watches Batches: nothing to wake.
         wake: Arc::new(Notify::new()),
         drain: Drain::default(),
+        uploads: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
     };
 
     let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
@@ -90,7 +91,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     println!("Nightshift API listening on http://{} (namespace {namespace})", listener.local_addr()?);
     let shutdown = state.drain.clone().on(shutdown_signal(), config.kubernetes.api_shutdown_delay);
-    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await?;
+    api::server::serve(listener, api::router(state), &config.http, shutdown).await?;
     gc.abort();
     Ok(())
 }

@@ -54,6 +54,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         wake: runner.waker(),
         // One process on one machine: no load balancer to leave, stop at once.
         drain: Drain::default(),
+        uploads: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
     };
 
     let pins = runner.clone();
@@ -69,7 +70,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Tests and scripts read this line to find the port when listening on port 0.
     println!("Nightshift listening on http://{address}");
     tracing::info!(%address, "serving");
-    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    api::server::serve(listener, api::router(state), &config.http, shutdown_signal()).await?;
     gc.abort();
     reconciler.abort();
     Ok(())

@@ -202,6 +202,7 @@ impl TestApp {
             batches: batches.clone(),
             batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
             drain: Default::default(),
+            uploads: Arc::new(tokio::sync::Semaphore::new(64)),
         };
         Self { router: api::router(state), store, files, batches }
     }

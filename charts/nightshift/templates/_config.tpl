@@ -30,6 +30,8 @@ batches:
   {{- toYaml .Values.config.batches | nindent 2 }}
 files:
   {{- toYaml .Values.config.files | nindent 2 }}
+http:
+  {{- toYaml .Values.config.http | nindent 2 }}
 kubernetes:
   namespace: {{ .Release.Namespace }}
   # The shard Jobs the controller creates. Fields under `worker` are Kubernetes' own pod-spec YAML.
