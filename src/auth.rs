@@ -20,6 +20,8 @@ pub struct Project {
     pub name: Option<String>,
     /// Token quota; `None` is unlimited.
     pub quota_tokens: Option<u64>,
+    /// Its own request rate limit; `None`: the installation's.
+    pub requests_per_minute: Option<u32>,
     keys: Vec<StoredKey>,
 }
 
@@ -73,6 +75,7 @@ impl Projects {
                     id: project.id.clone(),
                     name: project.name.clone(),
                     quota_tokens: project.quota.map(|q| q.tokens),
+                    requests_per_minute: project.rate_limit.map(|r| r.requests_per_minute),
                     keys,
                 };
                 (project.id.clone(), entry)
@@ -159,12 +162,14 @@ mod tests {
                     key(Some("retired-key"), None, false),
                 ],
                 quota: None,
+                rate_limit: None,
             },
             ProjectConfig {
                 id: ProjectId::parse(OTHER).unwrap(),
                 name: None,
                 api_keys: vec![key(Some("other-key"), None, true)],
                 quota: None,
+                rate_limit: None,
             },
         ])
     }

@@ -54,6 +54,20 @@ pub struct HttpConfig {
     /// Uploads received at once; more are answered 429 with `retry-after`.
     #[serde(default = "default_max_uploads")]
     pub max_uploads: usize,
+    /// Requests a project may send a minute (all its keys together), unless the project
+    /// sets its own `rate_limit`; per api process.
+    #[serde(default = "default_requests_per_minute")]
+    pub requests_per_minute: u32,
+    /// Failed authentications a client address may make a minute; then 429.
+    #[serde(default = "default_failed_auth_per_minute")]
+    pub failed_auth_per_minute: u32,
+}
+
+fn default_requests_per_minute() -> u32 {
+    6000
+}
+fn default_failed_auth_per_minute() -> u32 {
+    60
 }
 
 fn default_header_timeout() -> Duration {
@@ -76,6 +90,8 @@ impl Default for HttpConfig {
             body_idle_timeout: default_body_idle_timeout(),
             max_connections: default_max_connections(),
             max_uploads: default_max_uploads(),
+            requests_per_minute: default_requests_per_minute(),
+            failed_auth_per_minute: default_failed_auth_per_minute(),
         }
     }
 }
@@ -149,6 +165,15 @@ pub struct ProjectConfig {
     pub api_keys: Vec<ApiKeyConfig>,
     #[serde(default)]
     pub quota: Option<QuotaConfig>,
+    /// Requests a minute for this project (else `http.requests_per_minute`).
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub requests_per_minute: u32,
 }
 
 /// `{plain: dev-key}` or `{sha256: <hex>}`, optionally `active: false`.
@@ -492,8 +517,11 @@ impl Config {
                 }
             }
         }
-        if self.http.max_connections == 0 || self.http.max_uploads == 0 {
-            return invalid("http.max_connections and http.max_uploads must be at least 1".into());
+        let http = &self.http;
+        if [http.max_connections, http.max_uploads].contains(&0)
+            || [http.requests_per_minute, http.failed_auth_per_minute].contains(&0)
+        {
+            return invalid("http: every limit must be at least 1".into());
         }
         if self.batches.shard_lines == 0 {
             return invalid("batches.shard_lines must be at least 1".into());

@@ -23,6 +23,7 @@ impl DevCredentials {
             name: Some("dev".to_owned()),
             api_keys: vec![ApiKeyConfig { plain: Some(self.api_key.clone()), sha256: None, active: true }],
             quota: None,
+            rate_limit: None,
         }
     }
 }

@@ -194,6 +194,7 @@ mod tests {
             name: None,
             api_keys: vec![ApiKeyConfig { plain: Some("k".into()), sha256: None, active: true }],
             quota: Some(QuotaConfig { tokens: 100 }),
+            rate_limit: None,
         }]);
         let ledger = QuotaLedger::new(&projects);
         let (a, b) = (BatchId::generate(), BatchId::generate());

@@ -439,6 +439,7 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert_eq!(research["apiVersion"], "nightshift.dev/v1alpha1");
     assert_eq!(research["spec"]["id"], common::PROJECT);
     assert_eq!(research["spec"]["quota"]["tokens"], 100_000_000);
+    assert_eq!(research["spec"]["rate_limit"]["requests_per_minute"], 1200);
     assert_eq!(
         research["spec"]["api_keys"],
         json!([

@@ -375,6 +375,10 @@ async fn invented_methods_and_paths_never_grow_the_metrics() {
     for (method, path) in [("BREW", "/coffee"), ("BREW", "/v1/files"), ("GET", "/nope"), ("GET", "/v1/files/file-x")] {
         app.send(request(method, path)).await;
     }
+    // And enough failed authentications to be throttled (429 is a status of its own).
+    for _ in 0..100 {
+        app.send(request("GET", "/v1/files/file-x")).await;
+    }
     let before = series();
     for n in 0..2000 {
         let answer = app.send(request(&format!("M{n}"), &format!("/p{n}/{n}"))).await;

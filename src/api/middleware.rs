@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
+use super::limits::ClientAddress;
 use crate::auth::{API_KEY_HEADER, PROJECT_HEADER, Project};
 use crate::ids::RequestId;
 use crate::metrics::{HttpLabels, METRICS, RouteLabels};
@@ -115,12 +116,22 @@ pub fn cors() -> CorsLayer {
         .max_age(Duration::from_secs(86400))
 }
 
-/// Authenticates `x-project-id` + `x-api-key` and hands the project to the handler.
+/// Authenticates `x-project-id` + `x-api-key` and hands the project to the handler,
+/// within the rate limits: a client's failed attempts, then the project's requests.
 pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let project = match authenticated_project(&state, request.headers()) {
         Ok(project) => project,
-        Err(error) => return error.into_response(),
+        Err(error) => {
+            let client = request.extensions().get::<ClientAddress>().copied();
+            return match state.limits.check_failed_auth(client) {
+                Ok(()) => error.into_response(),
+                Err(throttled) => throttled.into_response(),
+            };
+        }
     };
+    if let Err(throttled) = state.limits.check_project(&project) {
+        return throttled.into_response();
+    }
     tracing::Span::current().record("project", project.id.as_str());
     request.extensions_mut().insert(project);
     next.run(request).await

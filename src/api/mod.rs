@@ -5,6 +5,7 @@ mod drain;
 mod error;
 mod extract;
 mod files;
+pub mod limits;
 mod list;
 mod middleware;
 pub mod server;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub drain: Drain,
     /// Uploads being received; when none is left, an upload is answered 429.
     pub uploads: Arc<tokio::sync::Semaphore>,
+    /// Request rate limits (per project, and failed authentications per client).
+    pub limits: Arc<limits::RateLimits>,
 }
 
 /// `/metrics`, in the OpenMetrics text format (the api's and the controller's).

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
+use super::limits::ClientAddress;
 use crate::config::HttpConfig;
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting and
@@ -38,10 +39,10 @@ pub async fn serve(
             () = &mut shutdown => break,
             permit = connections.clone().acquire_owned() => permit.expect("the connection semaphore is never closed"),
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of descriptors (or memory): wait for connections to end.
                     backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -53,7 +54,8 @@ pub async fn serve(
         };
         backoff = Duration::ZERO;
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let service = router.clone().layer(axum::Extension(ClientAddress(peer)));
+        let service = TowerToHyperService::new(service);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -68,6 +68,9 @@ pub struct ProjectSpec {
     pub api_keys: Vec<ApiKeyRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<TokenQuota>,
+    /// Requests a minute for this project, per api replica (else the installation's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<crate::config::RateLimitConfig>,
 }
 
 /// A key of a Secret (in the Project's namespace) that holds the hex SHA-256 of an API key.

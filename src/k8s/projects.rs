@@ -43,6 +43,7 @@ pub fn project_configs(projects: &[Arc<ProjectResource>], secrets: &[Arc<Secret>
                 name: project.spec.name.clone(),
                 api_keys,
                 quota: project.spec.quota.map(|q| QuotaConfig { tokens: q.tokens }),
+                rate_limit: project.spec.rate_limit,
             }
         })
         .collect()

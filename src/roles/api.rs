@@ -72,6 +72,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         wake: Arc::new(Notify::new()),
         drain: Drain::default(),
         uploads: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
+        limits: Arc::new(api::limits::RateLimits::new(&config.http)),
     };
 
     let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {

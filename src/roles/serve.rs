@@ -55,6 +55,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // One process on one machine: no load balancer to leave, stop at once.
         drain: Drain::default(),
         uploads: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
+        limits: Arc::new(api::limits::RateLimits::new(&config.http)),
     };
 
     let pins = runner.clone();

@@ -146,6 +146,7 @@ pub fn projects() -> Projects {
         name: None,
         api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
         quota: None,
+        rate_limit: None,
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
 }
@@ -203,6 +204,7 @@ impl TestApp {
             batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
             drain: Default::default(),
             uploads: Arc::new(tokio::sync::Semaphore::new(64)),
+            limits: Arc::new(api::limits::RateLimits::new(&Default::default())),
         };
         Self { router: api::router(state), store, files, batches }
     }
