@@ -64,7 +64,7 @@ async fn headers_dripped_or_never_finished_are_cut_off() {
         }
         20
     });
-    assert!(healthy(&address).await < Duration::from_millis(500), "others are served meanwhile");
+    assert!(healthy(&address).await < Duration::from_secs(1), "others are served meanwhile, before any cut-off");
     let (_, after) = until_closed(&mut half, Duration::from_secs(5)).await;
     eprintln!("[slow] half-sent headers closed after {after:?}");
     let lines = dripping.await.unwrap();
