@@ -7,12 +7,14 @@
 use std::time::Duration;
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use super::limits::ClientAddress;
@@ -54,7 +56,11 @@ pub async fn serve(
         };
         backoff = Duration::ZERO;
         let _ = stream.set_nodelay(true);
-        let service = router.clone().layer(axum::Extension(ClientAddress(peer)));
+        // The client's address, for the rate limits (an extension, not a layer per connection).
+        let service = router.clone().map_request(move |mut request: axum::extract::Request<Incoming>| {
+            request.extensions_mut().insert(ClientAddress(peer));
+            request
+        });
         let service = TowerToHyperService::new(service);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);

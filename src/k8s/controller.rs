@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::{Action, Controller};
@@ -21,7 +21,6 @@ use kube::runtime::finalizer::{Event as Finalizing, finalizer};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
@@ -29,6 +28,7 @@ use super::grants::is_running_worker;
 use super::guard::valid_only;
 use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
 use super::store::{apply_status, to_batch};
+use super::usage::RecordedMarks;
 use crate::batches::{Batch, BatchState};
 use crate::clock;
 use crate::config::WorkerTemplate;
@@ -81,31 +81,9 @@ pub struct Context {
     pub created: Mutex<HashMap<String, Instant>>,
     /// Held while a Job is created, so that concurrent passes count each other's Jobs.
     pub starting: tokio::sync::Mutex<()>,
-    /// What the checkpoints of each unfinished batch held at its last pass: the lines and
-    /// tokens metrics count what a pass finds beyond it.
-    pub recorded: Mutex<HashMap<String, Recorded>>,
-}
-
-/// Lines and tokens of a batch's checkpoints, as counted into the metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Recorded {
-    completed: u64,
-    codes: BTreeMap<String, u64>,
-    tokens: u64,
-}
-
-impl Recorded {
-    fn of(ledgers: &[ShardLedger]) -> Self {
-        let mut recorded = Self::default();
-        for ledger in ledgers {
-            recorded.completed += ledger.completed;
-            recorded.tokens += ledger.usage.total_tokens;
-            for (code, count) in &ledger.codes {
-                *recorded.codes.entry(code.clone()).or_default() += count;
-            }
-        }
-        recorded
-    }
+    /// What the checkpoints of each unfinished batch held at its last pass, for the line
+    /// and token metrics.
+    pub recorded: RecordedMarks,
 }
 
 /// How long a created Job counts as running before the cache shows it.
@@ -443,25 +421,8 @@ impl Runtime for KubeRuntime<'_> {
         }
     }
 
-    /// Counts into the metrics what this pass finds beyond the last one. A batch seen
-    /// for the first time by this process only sets the mark: its earlier lines were
-    /// counted by the controller that led then.
     fn observed(&self, batch: &Batch, ledgers: &[ShardLedger]) {
-        let now = Recorded::of(ledgers);
-        let before = self.ctx.recorded.lock().expect("recorded").insert(batch.spec.id.to_string(), now.clone());
-        let Some(before) = before else { return };
-        let failed: Vec<(&str, u64)> = now
-            .codes
-            .iter()
-            .map(|(code, count)| (code.as_str(), count.saturating_sub(before.codes.get(code).copied().unwrap_or(0))))
-            .filter(|(_, count)| *count > 0)
-            .collect();
-        crate::metrics::METRICS.recorded(
-            now.completed.saturating_sub(before.completed),
-            &failed,
-            batch.spec.project_id.as_str(),
-            now.tokens.saturating_sub(before.tokens),
-        );
+        self.ctx.recorded.count(batch, ledgers);
     }
 
     async fn tell(&self, batch: &Batch, news: News) {
@@ -557,47 +518,6 @@ async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, Cont
     }
     ctx.exec.checkpoints.forget(&resource.spec.batch.id);
     Ok(Action::await_change())
-}
-
-/// Keeps each Project's `status.used_tokens` equal to the usage of its Batches, and
-/// the batch metrics current.
-pub async fn sync_project_usage(ctx: Arc<Context>, batches: Store<BatchResource>) {
-    let api: Api<ProjectResource> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let mut ticker = tokio::time::interval(Duration::from_secs(2));
-    loop {
-        ticker.tick().await;
-        let all = batches.state();
-        let states: Vec<BatchState> = all.iter().filter_map(|b| b.status.clone()).collect();
-        let queue_depth = states
-            .iter()
-            .filter(|s| !s.status.is_terminal())
-            .map(|s| s.request_counts.total.saturating_sub(s.request_counts.completed + s.request_counts.failed))
-            .sum();
-        crate::metrics::METRICS.set_batches(states.iter().map(|s| s.status), queue_depth);
-        let unfinished: std::collections::HashSet<String> = all
-            .iter()
-            .filter(|b| b.status.as_ref().is_some_and(|s| !s.status.is_terminal()))
-            .map(|b| b.spec.batch.id.to_string())
-            .collect();
-        ctx.recorded.lock().expect("recorded").retain(|id, _| unfinished.contains(id));
-        for project in ctx.projects.state() {
-            let used: u64 = all
-                .iter()
-                .filter(|b| b.spec.batch.project_id == project.spec.id)
-                .filter_map(|b| b.status.as_ref())
-                .map(|s| s.usage.total_tokens)
-                .sum();
-            if project.status.as_ref().map_or(0, |s| s.used_tokens) == used {
-                continue;
-            }
-            let patch =
-                json!({"apiVersion": "nightshift.dev/v1alpha1", "kind": "Project", "status": {"used_tokens": used}});
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            if let Err(error) = api.patch_status(&project.name_any(), &params, &Patch::Apply(&patch)).await {
-                tracing::warn!(project = %project.name_any(), %error, "could not update project usage");
-            }
-        }
-    }
 }
 
 /// Fails startup with instructions when the CRDs are not installed.

@@ -12,3 +12,4 @@ pub mod projects;
 pub mod rbac;
 pub mod schema;
 pub mod store;
+pub mod usage;

@@ -16,10 +16,11 @@ use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
-use crate::k8s::controller::{self, Context, cache, check_crds, reporter, sync_project_usage};
+use crate::k8s::controller::{self, Context, cache, check_crds, reporter};
 use crate::k8s::crd::ProjectResource;
 use crate::k8s::grants::divide_limits;
 use crate::k8s::leader::{LeaderElection, Timing};
+use crate::k8s::usage::sync_project_usage;
 use crate::quota::QuotaLedger;
 
 pub const LEASE_NAME: &str = "nightshift-controller";
