@@ -17,11 +17,12 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed, line throughput.
+# Benchmarks against the release binary: upload memory, validation speed, line throughput, noisy neighbours.
 bench:
     cargo build --release
     python3 bench/run.py
     cargo bench --bench throughput
+    cargo bench --bench neighbours
 
 # The controller at scale on a real kube-apiserver (run `just test` once first: it installs the tools).
 bench-operator:

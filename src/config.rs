@@ -242,6 +242,11 @@ pub struct BatchesConfig {
     /// How long lines in flight may take to finish after a cancel or expiry.
     #[serde(default = "default_cancel_grace", deserialize_with = "duration::deserialize_precise")]
     pub cancel_grace: Duration,
+    /// How long `serve` keeps a finished batch (completed, failed, expired or cancelled,
+    /// refused creates among them) after it finished; then it is removed, at the pace of
+    /// `files.gc_interval`. Its tokens stay counted against its project's quota.
+    #[serde(default = "default_retention", deserialize_with = "duration::deserialize")]
+    pub retention: Duration,
     /// How many shards run at once, over all batches: in `serve` (oldest batch first;
     /// default: the number of cores), and on Kubernetes, worker Jobs over the whole
     /// installation (default: [`KUBERNETES_RUNNING_SHARDS`]).
@@ -298,6 +303,7 @@ impl Default for BatchesConfig {
             reconcile_interval: default_reconcile_interval(),
             max_running_shards: None,
             max_shard_retries: default_max_shard_retries(),
+            retention: default_retention(),
         }
     }
 }

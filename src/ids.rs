@@ -18,6 +18,12 @@ fn next_ulid() -> Ulid {
     generator.generate().unwrap_or_else(|_| Ulid::new())
 }
 
+/// The creation time of a ULID body, in Unix seconds.
+fn created_at(body: &str) -> Option<i64> {
+    let ulid = Ulid::from_string(body).ok()?;
+    i64::try_from(ulid.timestamp_ms() / 1000).ok()
+}
+
 /// The characters an id may hold after its prefix: ids become storage keys, so no
 /// separators, dots or anything a path or URL would treat specially.
 fn is_id_body(body: &str) -> bool {
@@ -128,7 +134,19 @@ impl FileId {
     }
 }
 
+impl FileId {
+    /// When the id was made (Unix seconds), if it is a ULID id.
+    pub fn created_at(&self) -> Option<i64> {
+        created_at(&self.0[Self::PREFIX.len()..])
+    }
+}
+
 impl BatchId {
+    /// When the id was made (Unix seconds), if it is a ULID id.
+    pub fn created_at(&self) -> Option<i64> {
+        created_at(&self.0[Self::PREFIX.len()..])
+    }
+
     pub fn parse(raw: &str) -> Option<Self> {
         let body = raw.strip_prefix(Self::PREFIX)?;
         is_id_body(body).then(|| Self(raw.to_owned()))

@@ -215,12 +215,16 @@ impl Metrics {
     pub fn set_batches(&self, statuses: impl Iterator<Item = Status>, queue_depth: u64) {
         let mut counts = std::collections::HashMap::new();
         for status in statuses {
-            *counts.entry(status).or_insert(0i64) += 1;
+            *counts.entry(status).or_insert(0) += 1;
         }
+        self.set_batch_counts(&counts, queue_depth);
+    }
+
+    /// As [`Metrics::set_batches`], from a count by status.
+    pub fn set_batch_counts(&self, counts: &std::collections::HashMap<Status, u64>, queue_depth: u64) {
         for status in ALL_STATUSES {
-            self.batches
-                .get_or_create(&StatusLabel { status: status.as_str() })
-                .set(*counts.get(&status).unwrap_or(&0));
+            let count = counts.get(&status).copied().unwrap_or(0);
+            self.batches.get_or_create(&StatusLabel { status: status.as_str() }).set(count as i64);
         }
         self.queue_depth.set(queue_depth as i64);
     }

@@ -140,6 +140,11 @@ impl QuotaLedger {
         usage.floor = usage.floor.max(tokens);
     }
 
+    /// Durable: the project's finished batches used `tokens` (they charge no more).
+    pub fn settle(&self, project: &ProjectId, tokens: u64) {
+        self.used.lock().expect("quota ledger").entry(project.clone()).or_default().total += tokens;
+    }
+
     /// Tokens the project has used, over all its batches.
     pub fn used(&self, project: &ProjectId) -> u64 {
         self.used.lock().expect("quota ledger").get(project).map_or(0, |usage| usage.total.max(usage.floor))

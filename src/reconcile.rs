@@ -138,6 +138,8 @@ pub fn finished(state: &BatchState, ending: Ending, files: &Finalized, now: Unix
     state.request_counts = files.counts;
     state.reserved_files = None;
     state.ending = None;
+    // The note of a finalize that failed before ([`finalize_failing`]) is gone with it.
+    state.errors.clear();
     match ending {
         Ending::Completed => {
             state.status = Status::Completed;
@@ -152,6 +154,20 @@ pub fn finished(state: &BatchState, ending: Ending, files: &Finalized, now: Unix
             state.expired_at = Some(now);
         }
     }
+    state
+}
+
+/// The state of a batch whose output files could not be written (a full disk, storage
+/// that refuses writes): still `finalizing`, and retried, with the cause in `errors` as a
+/// `storage_error`, so that a client sees why it takes long. Cleared when it finishes.
+pub fn finalize_failing(state: &BatchState, cause: &str) -> BatchState {
+    let mut state = state.clone();
+    state.errors = vec![BatchError {
+        code: "storage_error".into(),
+        message: format!("Writing the output files failed; retrying until storage accepts them: {cause}"),
+        line: None,
+        param: None,
+    }];
     state
 }
 

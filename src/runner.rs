@@ -58,7 +58,11 @@ impl Runner {
 
     /// Reconciles forever (until the task is dropped).
     pub async fn run(self: Arc<Self>) {
-        for (project, batch, tokens) in self.batches.usage().await {
+        let (settled, unfinished) = self.batches.usage().await;
+        for (project, tokens) in settled {
+            self.exec.quota.settle(&project, tokens);
+        }
+        for (project, batch, tokens) in unfinished {
             self.exec.quota.observe(&project, &batch, tokens);
         }
         loop {
@@ -72,8 +76,8 @@ impl Runner {
 
     /// One pass over every unfinished batch, oldest first (ids sort by creation).
     pub async fn tick(&self) {
-        let (statuses, queue_depth) = self.batches.status_summary().await;
-        crate::metrics::METRICS.set_batches(statuses.into_iter(), queue_depth);
+        let (counts, queue_depth) = self.batches.status_summary().await;
+        crate::metrics::METRICS.set_batch_counts(&counts, queue_depth);
         let mut batches = self.batches.unfinished().await;
         batches.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         for batch in batches {

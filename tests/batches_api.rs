@@ -352,3 +352,141 @@ async fn batches_survive_a_restart_of_the_store() {
     let retrieved = reopened.get(&format!("/v1/batches/{}", created["id"].as_str().unwrap())).await.json();
     assert_eq!(retrieved, created);
 }
+
+/// Refused creates are stored and served like any batch, but memory keeps only the
+/// unfinished ones; listing pages through both, from storage.
+#[tokio::test]
+async fn refused_creates_stay_on_disk_not_in_memory_and_list_in_pages() {
+    let (_b, app) = app().await;
+    let good = upload(&app, &jsonl(&[line("a")])).await;
+    let bad = upload(&app, b"not json\n").await;
+    let mut ids = vec![create(&app, &good).await.json()["id"].as_str().unwrap().to_owned()];
+    for _ in 0..30 {
+        assert_eq!(create(&app, &bad).await.status, StatusCode::BAD_REQUEST);
+        ids.push(app.get("/v1/batches?limit=1").await.json()["data"][0]["id"].as_str().unwrap().to_owned());
+    }
+    ids.reverse();
+    for store in [app.batches.clone(), std::sync::Arc::new(reopen(&app).await)] {
+        let unfinished = store.unfinished().await;
+        assert_eq!(unfinished.iter().map(|b| b.spec.id.to_string()).collect::<Vec<_>>(), [ids[30].clone()]);
+        let (counts, _) = store.status_summary().await;
+        assert_eq!(counts.get(&nightshift::batches::Status::Failed), Some(&30));
+        assert_eq!(counts.get(&nightshift::batches::Status::InProgress), Some(&1));
+    }
+    let mut listed = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = app.get(&format!("/v1/batches?limit=7{after}")).await.json();
+        listed.extend(page["data"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap().to_owned()));
+        if page["has_more"] == false {
+            break;
+        }
+        after = format!("&after={}", page["last_id"].as_str().unwrap());
+    }
+    assert_eq!(listed, ids);
+    let failed = app.get(&format!("/v1/batches/{}", ids[0])).await.json();
+    assert_eq!(failed["status"], "failed");
+    app_cancel(&app, &ids[0]).await.error(StatusCode::CONFLICT, "batch_not_cancellable");
+}
+
+async fn reopen(app: &TestApp) -> nightshift::batches::EmbeddedBatchStore {
+    nightshift::batches::EmbeddedBatchStore::open(app.store.clone()).await.unwrap()
+}
+
+/// A batch made `days_ago`, in `status`, finished `finished_days_ago` (if terminal), that
+/// used `tokens`.
+fn old_batch(
+    days_ago: i64,
+    status: nightshift::batches::Status,
+    finished_days_ago: i64,
+    tokens: u64,
+) -> nightshift::batches::Batch {
+    use nightshift::batches::{Batch, BatchSpec, BatchState, Status};
+    let now = nightshift::clock::now();
+    let created = now - days_ago * 86_400;
+    let ulid = ulid::Ulid::from_parts(created as u64 * 1000, rand_bits());
+    let mut state = BatchState::in_progress(created, 1);
+    state.status = status;
+    let finished = Some(now - finished_days_ago * 86_400);
+    match status {
+        Status::Completed => state.completed_at = finished,
+        Status::Failed => state.failed_at = finished,
+        Status::Cancelled => state.cancelled_at = finished,
+        Status::Expired => state.expired_at = finished,
+        _ => {}
+    }
+    state.usage.total_tokens = tokens;
+    Batch {
+        spec: BatchSpec {
+            id: BatchId::parse(&format!("batch_{ulid}")).unwrap(),
+            project_id: ProjectId::parse(common::PROJECT).unwrap(),
+            input_file_id: nightshift::ids::FileId::generate(),
+            endpoint: URL.into(),
+            completion_window: "24h".into(),
+            metadata: Default::default(),
+            created_at: created,
+            expires_at: created + 86_400,
+            plan: Default::default(),
+        },
+        state,
+    }
+}
+
+fn rand_bits() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    u128::from(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `batches.retention`: a batch that finished longer ago goes (document, listing and
+/// lookup), one that finished since or still runs stays, and the tokens of those that
+/// went stay counted for the project's quota, once, also across an interrupted removal.
+#[tokio::test]
+async fn finished_batches_go_after_their_retention_and_their_tokens_stay_counted() {
+    use nightshift::batches::Status;
+    let (_b, app) = app().await;
+    let project = ProjectId::parse(common::PROJECT).unwrap();
+    let gone = [old_batch(60, Status::Completed, 40, 100), old_batch(50, Status::Failed, 50, 0)];
+    let kept = [
+        old_batch(60, Status::Completed, 10, 7),
+        old_batch(60, Status::InProgress, 0, 3),
+        old_batch(1, Status::Cancelled, 1, 5),
+    ];
+    for batch in gone.iter().chain(&kept) {
+        app.batches.insert(batch).await.unwrap();
+    }
+    let cutoff = nightshift::clock::now() - 30 * 86_400;
+    assert_eq!(app.batches.remove_finished_before(cutoff).await.unwrap(), 2);
+    assert_eq!(app.batches.remove_finished_before(cutoff).await.unwrap(), 0, "nothing twice");
+    for batch in &gone {
+        app.get(&format!("/v1/batches/{}", batch.spec.id)).await.error(StatusCode::NOT_FOUND, "batch_not_found");
+        assert!(
+            app.store.get(&Key::parse(&format!("batch-docs/{project}/{}.json", batch.spec.id)).unwrap()).await.is_err()
+        );
+    }
+    let listed = app.get("/v1/batches?limit=100").await.json();
+    let listed: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
+    let mut expected: Vec<String> = kept.iter().map(|b| b.spec.id.to_string()).collect();
+    expected.sort();
+    expected.reverse();
+    assert_eq!(listed, expected);
+    let (counts, _) = app.batches.status_summary().await;
+    assert_eq!(counts.get(&Status::Failed), Some(&0));
+    assert_eq!(counts.get(&Status::Completed), Some(&1));
+
+    // After a restart: the finished batches' tokens, those removed among them, once.
+    let settled = |store: nightshift::batches::EmbeddedBatchStore| async move { store.usage().await.0 };
+    assert_eq!(settled(reopen(&app).await).await.get(&project), Some(&(100 + 7 + 5)));
+
+    // A removal interrupted after counting: the next open finishes it, counting nothing twice.
+    let interrupted = old_batch(90, Status::Expired, 90, 1_000);
+    app.batches.insert(&interrupted).await.unwrap();
+    let usage_key = Key::parse(&format!("batch-usage/{project}.json")).unwrap();
+    let mut usage: Value = serde_json::from_slice(&app.store.get(&usage_key).await.unwrap()).unwrap();
+    usage["tokens"] = json!(100 + 1_000);
+    usage["last_removed"] = json!([interrupted.spec.id]);
+    app.store.put(&usage_key, serde_json::to_vec(&usage).unwrap().into()).await.unwrap();
+    let reopened = reopen(&app).await;
+    assert!(reopened.get(&project, &interrupted.spec.id).await.unwrap().is_none());
+    assert_eq!(settled(reopened).await.get(&project), Some(&(100 + 1_000 + 7 + 5)));
+}

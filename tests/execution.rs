@@ -333,3 +333,75 @@ async fn a_restart_removes_a_killed_uploads_temp_file_and_a_second_serve_is_refu
     let _serve = Serve::start(&dir, &[]);
     assert!(!orphan.exists(), "the restart removed what the killed upload left");
 }
+
+/// A tmpfs mounted over a directory for one test (the suite runs as root), unmounted
+/// when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "mounting a tmpfs needs root, as the rest of the suite does");
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` but for about `leave` bytes, with `dir/filler`.
+fn fill_disk(dir: &std::path::Path, leave: usize) {
+    use std::io::Write;
+    let reserve = dir.join("reserve");
+    std::fs::write(&reserve, vec![1u8; leave]).unwrap();
+    let mut filler = std::fs::File::create(dir.join("filler")).unwrap();
+    let block = vec![1u8; 64 * 1024];
+    while filler.write_all(&block).is_ok() {}
+    let _ = filler.sync_all();
+    std::fs::remove_file(reserve).unwrap();
+}
+
+/// A full disk while the output files are written: the batch stays `finalizing` with
+/// the cause in `errors` (a `storage_error`), finalize is retried, and once space is free
+/// the batch completes with every line and no error left on it.
+#[tokio::test]
+async fn a_full_disk_at_finalize_is_said_on_the_batch_and_retried_until_it_completes() {
+    let upstream = MockUpstream::start().await;
+    let data = TempDir::new().unwrap();
+    let disk = Tmpfs::mount(&data.path().join("data"), "24m");
+    let (_serve, client) = serve_with(&data, &upstream, 8, "", "");
+    let mut custom_ids = ids("d", 3_000);
+    // The last line hangs twice (a second each), so the disk fills while it runs.
+    let last = "d-last".to_owned();
+    upstream.script(&last, vec![Answer::Hang, Answer::Hang, Answer::Ok]);
+    custom_ids.push(last);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    client.wait(&id, MINUTE, |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 3_000).await;
+    fill_disk(&disk.0, 256 * 1024);
+
+    let stuck = client.wait(&id, MINUTE, |b| b["errors"].is_object()).await;
+    assert_eq!(stuck["status"], "finalizing", "{stuck}");
+    let error = &stuck["errors"]["data"][0];
+    assert_eq!(error["code"], "storage_error", "{stuck}");
+    assert!(error["message"].as_str().unwrap().contains("No space left on device"), "{stuck}");
+    assert_eq!(stuck["output_file_id"], Value::Null);
+    // Still retried, still stuck, while the disk is full.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(client.batch(&id).await["status"], "finalizing");
+
+    std::fs::remove_file(disk.0.join("filler")).unwrap();
+    let batch = client.wait_terminal(&id, MINUTE).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(batch["errors"], Value::Null, "the note went with the failure: {batch}");
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.output.len(), 3_001);
+}

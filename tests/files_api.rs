@@ -318,6 +318,54 @@ async fn legacy_underscore_file_ids_stay_resolvable() {
     let id = app.upload("n.jsonl", LINES).await["id"].as_str().unwrap().to_owned();
     let legacy_spelling = id.replacen("file-", "file_", 1);
     assert_eq!(app.get(&format!("/v1/files/{legacy_spelling}")).await.json()["id"], id);
+
+    // A record from before newest-first markers is listed oldest first at once, and newest
+    // first once a garbage collection (the first runs at start) has put its marker back.
+    let listed = |page: serde_json::Value| {
+        page["data"].as_array().unwrap().iter().map(|f| f["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(listed(app.get("/v1/files?order=asc").await.json()), [id.clone(), legacy.to_owned()]);
+    assert_eq!(listed(app.get("/v1/files").await.json()), [id.as_str()]);
+    app.files.collect_garbage(nightshift::clock::now(), &Default::default()).await.unwrap();
+    assert_eq!(listed(app.get("/v1/files").await.json()), [legacy.to_owned(), id.clone()]);
+}
+
+/// Listing newest first goes through markers: a deleted file leaves it at once; a marker
+/// whose record never came (an upload killed in between) is skipped, and removed by the
+/// garbage collector once older than an hour, not before (it may be an upload under way).
+#[tokio::test]
+async fn newest_first_listing_skips_deleted_files_and_markers_without_records() {
+    let (_b, app) = app().await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(app.upload(&format!("{n}.jsonl"), LINES).await["id"].as_str().unwrap().to_owned());
+    }
+    app.delete(&format!("/v1/files/{}", ids[1])).await;
+    let markers = format!("file-newest/{}/", common::PROJECT);
+    assert_eq!(app.store.list(&markers).await.unwrap().len(), 2, "the deleted file's marker went with it");
+    // Markers of files whose records were never written: one an hour old, one new.
+    let old =
+        nightshift::ids::FileId::parse(&format!("file-{}", ulid::Ulid::from_parts(1_600_000_000_000, 7))).unwrap();
+    let new = nightshift::ids::FileId::generate();
+    for orphan in [&old, &new] {
+        let marker =
+            nightshift::storage::newest_first::marker("file-newest", common::PROJECT, orphan.as_str()).unwrap();
+        app.store.put(&marker, bytes::Bytes::new()).await.unwrap();
+    }
+    let page = app.get("/v1/files?limit=1").await.json();
+    assert_eq!(page["data"][0]["id"], ids[2]);
+    assert_eq!(page["has_more"], true);
+    let rest = app.get(&format!("/v1/files?after={}", ids[2])).await.json();
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["data"][0]["id"], ids[0]);
+    assert_eq!(rest["has_more"], false);
+
+    assert_eq!(app.files.collect_garbage(nightshift::clock::now(), &Default::default()).await.unwrap(), 1);
+    let left: Vec<String> = app.store.list(&markers).await.unwrap().iter().map(|k| k.name().to_owned()).collect();
+    let name = |id: &nightshift::ids::FileId| nightshift::storage::newest_first::name(id.as_str()).unwrap();
+    assert!(!left.contains(&name(&old)), "the old orphan marker is removed");
+    assert!(left.contains(&name(&new)), "a new one may be an upload under way: kept");
+    assert_eq!(left.len(), 3);
 }
 
 #[tokio::test]

@@ -889,3 +889,70 @@ async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
     let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
     check_results(results.last().unwrap(), 5);
 }
+
+/// Rate limits are per api replica (docs/kubernetes.md): a project that used up its
+/// requests a minute on one replica is still answered in full by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projects_rate_limit_holds_per_api_replica() {
+    const PER_MINUTE: usize = 30;
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    let second_dir = operator.dir.path().join("api-2");
+    std::fs::create_dir(&second_dir).unwrap();
+    let mut env = operator.env.clone();
+    let kubeconfig = operator.cluster.kubeconfig_for_token(&operator.api_token, &second_dir);
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let config = operator.config.display().to_string();
+    let (_second, line) = spawn(
+        &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
+        &env,
+        "listening on",
+        &operator.dir.path().join("api-2.log"),
+    );
+    let second_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
+    operator.kubectl(&[
+        "patch",
+        "project",
+        "demo",
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        &format!(r#"{{"spec":{{"rate_limit":{{"requests_per_minute":{PER_MINUTE}}}}}}}"#),
+    ]);
+
+    let client = reqwest::Client::new();
+    let get = |url: &str| {
+        client
+            .get(format!("{url}/v1/files?limit=1"))
+            .header("x-project-id", common::PROJECT)
+            .header("x-api-key", common::KEY)
+            .send()
+    };
+    // The first replica: until it refuses (it has the new limit by then).
+    let mut first_answered = 0;
+    let refusal = loop {
+        let response = get(&operator.api_url).await.unwrap();
+        if response.status() == 429 {
+            break response;
+        }
+        assert_eq!(response.status(), 200);
+        first_answered += 1;
+        assert!(first_answered < 5_000, "the first replica never applied the project's limit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(refusal.headers().contains_key("retry-after"));
+    let body: Value = refusal.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The second replica answers the project a whole minute's worth of its own.
+    let mut second_answered = 0;
+    while get(&second_url).await.unwrap().status() == 200 {
+        second_answered += 1;
+        assert!(second_answered <= PER_MINUTE + 2, "the second replica did not apply the project's limit");
+    }
+    eprintln!("[rate limit] {PER_MINUTE}/min: first replica answered {first_answered}, second {second_answered}");
+    assert!(second_answered >= PER_MINUTE, "limits are per replica: the second answered only {second_answered}");
+    assert_eq!(get(&operator.api_url).await.unwrap().status(), 429, "the first still refuses");
+}

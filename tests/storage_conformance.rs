@@ -111,6 +111,51 @@ async fn an_unfinished_write_keeps_the_previous_version(store: Arc<dyn ObjectSto
     assert_eq!(&store.get(&k).await.unwrap()[..], b"v1");
 }
 
+async fn pages_start_after_the_cursor_and_say_whether_more_follow(store: Arc<dyn ObjectStore>) {
+    for n in (0..25).rev() {
+        store.put(&key(&format!("pages/dir/k{n:02}")), Bytes::from_static(b"x")).await.unwrap();
+    }
+    for raw in ["pages/dir-x/a", "pages/dirz", "pages/dir/sub/deeper"] {
+        store.put(&key(raw), Bytes::from_static(b"x")).await.unwrap();
+    }
+    let names = |page: &nightshift::storage::KeyPage| page.keys.iter().map(|k| k.name().to_owned()).collect::<Vec<_>>();
+    let first = store.list_page("pages/dir/", None, 10).await.unwrap();
+    assert_eq!(names(&first), (0..10).map(|n| format!("k{n:02}")).collect::<Vec<_>>());
+    assert!(first.more);
+    let after = first.keys.last().unwrap().to_string();
+    let second = store.list_page("pages/dir/", Some(&after), 10).await.unwrap();
+    assert_eq!(names(&second)[0], "k10");
+    let last = store.list_page("pages/dir/", Some("pages/dir/k19"), 10).await.unwrap();
+    assert_eq!(names(&last), ["k20", "k21", "k22", "k23", "k24"]);
+    assert!(!last.more, "a page that reaches the end says so");
+    // A cursor that names no key pages from where it would sort.
+    let between = store.list_page("pages/dir/", Some("pages/dir/k05x"), 2).await.unwrap();
+    assert_eq!(names(&between), ["k06", "k07"]);
+    // Cursors outside the directory: before all of it, after all of it.
+    assert_eq!(names(&store.list_page("pages/dir/", Some("pages/dir-x/a"), 1).await.unwrap()), ["k00"]);
+    assert!(store.list_page("pages/dir/", Some("pages/e"), 5).await.unwrap().keys.is_empty());
+    assert!(store.list_page("pages/nothing/", None, 5).await.unwrap().keys.is_empty());
+    // Pages larger than S3 answers in one call.
+    for n in 0..1_005 {
+        store.put(&key(&format!("pages/many/k{n:04}")), Bytes::new()).await.unwrap();
+    }
+    let all = store.list_page("pages/many/", None, 1_003).await.unwrap();
+    assert_eq!((all.keys.len(), all.more), (1_003, true));
+}
+
+async fn pages_see_writes_and_removals_made_after_the_first(store: Arc<dyn ObjectStore>) {
+    store.put(&key("live/dir/b"), Bytes::new()).await.unwrap();
+    let names = |page: nightshift::storage::KeyPage| page.keys.iter().map(|k| k.name().to_owned()).collect::<Vec<_>>();
+    assert_eq!(names(store.list_page("live/dir/", None, 10).await.unwrap()), ["b"]);
+    store.put(&key("live/dir/a"), Bytes::new()).await.unwrap();
+    let mut writer = store.writer(&key("live/dir/c")).await.unwrap();
+    writer.write(Bytes::from_static(b"unfinished")).await.unwrap();
+    assert_eq!(names(store.list_page("live/dir/", None, 10).await.unwrap()), ["a", "b"]);
+    writer.finish().await.unwrap();
+    store.delete(&key("live/dir/b")).await.unwrap();
+    assert_eq!(names(store.list_page("live/dir/", None, 10).await.unwrap()), ["a", "c"]);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod dir {
@@ -143,6 +188,8 @@ conformance!(
     large_objects_stream_in_and_out_whole,
     aborted_and_dropped_writers_leave_nothing,
     an_unfinished_write_keeps_the_previous_version,
+    pages_start_after_the_cursor_and_say_whether_more_follow,
+    pages_see_writes_and_removals_made_after_the_first,
 );
 
 /// A process killed mid-write (SIGKILL runs no destructor) leaves a temp file: the sweep

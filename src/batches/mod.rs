@@ -6,6 +6,7 @@ mod embedded;
 mod lifecycle;
 mod model;
 mod object;
+mod retention;
 mod store;
 
 pub use create::{BatchSettings, CreateBatch, create_batch};
@@ -13,4 +14,5 @@ pub use embedded::EmbeddedBatchStore;
 pub use lifecycle::{Refusal, cancel};
 pub use model::{Batch, BatchError, BatchSpec, BatchState, Ending, RequestCounts, ReservedFiles, Status, Usage};
 pub use object::BatchObject;
+pub use retention::run_retention_loop;
 pub use store::{BatchPage, BatchStore, StateChange, StoreError, UpdateError};

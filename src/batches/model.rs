@@ -176,6 +176,14 @@ impl BatchState {
         }
     }
 
+    /// When the batch reached its terminal status, if it has.
+    pub fn finished_at(&self) -> Option<UnixSeconds> {
+        if !self.status.is_terminal() {
+            return None;
+        }
+        self.completed_at.or(self.failed_at).or(self.expired_at).or(self.cancelled_at)
+    }
+
     /// A batch whose input was refused.
     pub fn failed(now: UnixSeconds, errors: Vec<BatchError>) -> Self {
         Self { failed_at: Some(now), errors, ..Self::empty(Status::Failed) }

@@ -23,7 +23,7 @@ use crate::exec::drain::drain_shard;
 use crate::exec::finalize::finalize;
 use crate::exec::{ExecContext, ExecError, failure};
 use crate::ids::FileId;
-use crate::reconcile::{Action, ShardProgress, decide, finished};
+use crate::reconcile::{Action, ShardProgress, decide, finalize_failing, finished};
 use crate::validate::Shard;
 pub use plan::{WorkerPhase, WorkerPlan};
 
@@ -212,7 +212,18 @@ async fn finalize_batch<R: Runtime>(
         }
     };
     let reserved = batch.state.reserved_files.clone().expect("reserved above");
-    let files = finalize(exec, &batch.spec, ledgers, &reserved).await?;
+    let files = match finalize(exec, &batch.spec, ledgers, &reserved).await {
+        Ok(files) => files,
+        Err(error) => {
+            // Said on the batch, so a client sees why it stays `finalizing`; the save may
+            // fail as well (the same full disk), and the next pass tries both again.
+            let noted = finalize_failing(&batch.state, &error.to_string());
+            if noted != batch.state && runtime.save(&batch, noted).await.is_err() {
+                tracing::warn!(batch = %batch.spec.id, "could not note the finalize failure on the batch either");
+            }
+            return Err(error.into());
+        }
+    };
     let state = finished(&batch.state, ending, &files, clock::now());
     let from = batch.state.status;
     let Some(done) = runtime.save(&batch, state).await? else { return Ok(Next::Now) };

@@ -1,9 +1,12 @@
 //! The file catalog: records and bytes of every project's files in object storage.
 //!
 //! Layout: `file-meta/<project>/<file id>.json` holds the [`FileRecord`];
-//! `file-data/<project>/<file id>` holds the bytes. The bytes are written first and
-//! the record last, so a record always points at complete bytes; listing and lookup
-//! go through records only. Ids are time-sortable, so key order is creation order.
+//! `file-data/<project>/<file id>` holds the bytes; `file-newest/<project>/<marker>` is
+//! an empty marker per live file, for listing newest first ([`newest_first`]). The bytes
+//! are written first, then the marker, and the record last, so a record always points
+//! at complete bytes; listing and lookup go through records only (a marker without a
+//! record is skipped). Ids are time-sortable, so key order is creation order, and a page
+//! costs in proportion to its size (plus the deleted or other-purpose files it skips).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,10 +18,15 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::record::{FileRecord, Purpose};
 use crate::clock::{self, UnixSeconds};
 use crate::ids::{FileId, ProjectId};
-use crate::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+use crate::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError, newest_first};
 
 /// How many records a listing reads from storage at once.
 const LIST_READ_AHEAD: usize = 16;
+/// The fewest keys a listing asks storage for at once (a page of one that skips deleted
+/// files should not take a request per file).
+const LIST_MIN_KEYS: usize = 32;
+/// The index of live files, newest first.
+const NEWEST: &str = "file-newest";
 
 #[derive(Clone)]
 pub struct FileCatalog {
@@ -60,6 +68,18 @@ fn meta_key(project: &ProjectId, id: &FileId) -> Key {
 
 fn data_key(project: &ProjectId, id: &FileId) -> Key {
     Key::from_segments(&["file-data", project.as_str(), id.as_str()])
+}
+
+fn marker_key(project: &ProjectId, id: &FileId) -> Key {
+    newest_first::marker(NEWEST, project.as_str(), id.as_str()).expect("file ids are marker-safe")
+}
+
+/// The file a listed key names: a record key (oldest first) or a marker (newest first).
+fn listed_id(key: &Key, order: Order) -> Option<FileId> {
+    match order {
+        Order::Asc => key.name().strip_suffix(".json").and_then(FileId::parse),
+        Order::Desc => newest_first::id(key.name()).as_deref().and_then(FileId::parse),
+    }
 }
 
 fn decode(bytes: &[u8]) -> Result<FileRecord, StorageError> {
@@ -125,38 +145,49 @@ impl FileCatalog {
         self.store.read(&data_key(project, id), Some(range)).await
     }
 
+    /// A page of the project's live files. A cursor need not exist any more: the page
+    /// starts from where it would sort.
     pub async fn list(&self, project: &ProjectId, query: &FileListQuery) -> Result<FilePage, StorageError> {
-        let prefix = format!("file-meta/{project}/");
-        let mut ids: Vec<FileId> = self
-            .store
-            .list(&prefix)
-            .await?
-            .iter()
-            .filter_map(|key| key.name().strip_suffix(".json").and_then(FileId::parse))
-            .collect();
-        if query.order == Order::Desc {
-            ids.reverse();
-        }
-        // The cursor need not exist any more: page from where it would sort.
-        if let Some(after) = &query.after {
-            ids.retain(|id| match query.order {
-                Order::Asc => id.as_str() > after.as_str(),
-                Order::Desc => id.as_str() < after.as_str(),
-            });
-        }
+        let (prefix, mut cursor) = match query.order {
+            Order::Asc => {
+                let prefix = format!("file-meta/{project}/");
+                let cursor = query.after.as_ref().map(|after| format!("{prefix}{after}.json"));
+                (prefix, cursor)
+            }
+            Order::Desc => {
+                let prefix = newest_first::prefix(NEWEST, project.as_str());
+                let cursor = query.after.as_ref().map(|after| match newest_first::name(after) {
+                    Some(name) => format!("{prefix}{name}"),
+                    // Not an id: no file sorts after it, newest first.
+                    None => format!("{prefix}~"),
+                });
+                (prefix, cursor)
+            }
+        };
         let now = clock::now();
-        let mut records = futures_util::stream::iter(ids)
-            .map(|id| async move { self.read_record(project, &id).await })
-            .buffered(LIST_READ_AHEAD)
-            .try_filter_map(|record| async move { Ok(record) })
-            .try_filter(|record| {
-                let wanted = record.is_live(now)
-                    && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str());
-                async move { wanted }
-            })
-            .take(query.limit + 1)
-            .try_collect::<Vec<_>>()
-            .await?;
+        let wanted = query.limit + 1;
+        let mut records = Vec::new();
+        loop {
+            let page = self.store.list_page(&prefix, cursor.as_deref(), wanted.max(LIST_MIN_KEYS)).await?;
+            cursor = page.keys.last().map(|key| key.to_string());
+            let ids = page.keys.iter().filter_map(|key| listed_id(key, query.order)).collect::<Vec<_>>();
+            let mut found = futures_util::stream::iter(ids)
+                .map(|id| async move { self.read_record(project, &id).await })
+                .buffered(LIST_READ_AHEAD.min(wanted))
+                .try_filter_map(|record| async move { Ok(record) })
+                .try_filter(|record| {
+                    let wanted = record.is_live(now)
+                        && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str());
+                    async move { wanted }
+                })
+                .take(wanted - records.len())
+                .try_collect::<Vec<_>>()
+                .await?;
+            records.append(&mut found);
+            if records.len() >= wanted || !page.more {
+                break;
+            }
+        }
         let has_more = records.len() > query.limit;
         records.truncate(query.limit);
         Ok(FilePage { records, has_more })
@@ -170,6 +201,9 @@ impl FileCatalog {
         };
         record.deleted_at = Some(clock::now());
         self.write_record(&record).await?;
+        // The record says deleted already: a crash here leaves a marker that listings skip
+        // and garbage collection removes.
+        self.store.delete(&marker_key(project, &record.id)).await?;
         Ok(Some(record))
     }
 
@@ -178,14 +212,17 @@ impl FileCatalog {
         self.store.put(&meta_key(&record.project_id, &record.id), Bytes::from(json)).await
     }
 
-    /// Removes the bytes and records of every deleted or expired file but the
-    /// `pinned` ones (inputs of running batches), and returns how many files went.
     /// Removes what writers that never finished left in storage.
     pub async fn sweep_abandoned(&self) -> Result<usize, StorageError> {
         self.store.sweep_abandoned(crate::storage::ABANDONED_AFTER).await
     }
 
+    /// Removes the bytes, marker and record of every deleted or expired file but the
+    /// `pinned` ones (inputs of running batches), and returns how many files went. Also
+    /// puts back the marker of a live file that has none (a file from before markers), and
+    /// removes a marker whose file never got its record (an upload killed in between).
     pub async fn collect_garbage(&self, now: UnixSeconds, pinned: &HashSet<FileId>) -> Result<usize, StorageError> {
+        let mut markers: HashSet<Key> = self.store.list(&format!("{NEWEST}/")).await?.into_iter().collect();
         let mut removed = 0;
         for key in self.store.list("file-meta/").await? {
             let record = match self.store.get(&key).await {
@@ -193,13 +230,33 @@ impl FileCatalog {
                 Err(StorageError::NotFound(_)) => continue,
                 Err(error) => return Err(error),
             };
-            if record.is_live(now) || pinned.contains(&record.id) {
+            let marker = marker_key(&record.project_id, &record.id);
+            let marked = markers.remove(&marker);
+            if record.is_live(now) {
+                if !marked {
+                    self.store.put(&marker, Bytes::new()).await?;
+                }
                 continue;
             }
-            // Bytes first: a crash in between leaves a dead record, swept next time.
+            if pinned.contains(&record.id) {
+                continue;
+            }
+            // Bytes first, record last: a crash in between leaves a dead record, swept next time.
             self.store.delete(&data_key(&record.project_id, &record.id)).await?;
+            if marked {
+                self.store.delete(&marker).await?;
+            }
             self.store.delete(&key).await?;
             removed += 1;
+        }
+        // What is left marks no record: an upload between the two, or one killed there.
+        let abandoned_before = now.saturating_sub(crate::storage::ABANDONED_AFTER.as_secs() as i64);
+        for marker in markers {
+            let created =
+                newest_first::id(marker.name()).as_deref().and_then(FileId::parse).and_then(|id| id.created_at());
+            if created.is_none_or(|created| created < abandoned_before) {
+                self.store.delete(&marker).await?;
+            }
         }
         Ok(removed)
     }
@@ -248,7 +305,13 @@ impl Upload {
             is_error: file.is_error,
             deleted_at: None,
         };
-        if let Err(error) = self.catalog.write_record(&record).await {
+        let marker = marker_key(&record.project_id, &record.id);
+        let published = async {
+            self.catalog.store.put(&marker, Bytes::new()).await?;
+            self.catalog.write_record(&record).await
+        };
+        if let Err(error) = published.await {
+            let _ = self.catalog.store.delete(&marker).await;
             let _ = self.catalog.store.delete(&data_key(&record.project_id, &record.id)).await;
             return Err(error);
         }

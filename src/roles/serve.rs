@@ -8,7 +8,7 @@ use anyhow::Context;
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
 use crate::auth::{ProjectDirectory, Projects};
-use crate::batches::{BatchSettings, EmbeddedBatchStore};
+use crate::batches::{BatchSettings, EmbeddedBatchStore, run_retention_loop};
 use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
@@ -45,7 +45,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let state = AppState {
         projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),
-        batches,
+        batches: batches.clone(),
         batch_settings: BatchSettings {
             completion_window: config.batches.completion_window,
             shard_lines: config.batches.shard_lines,
@@ -63,6 +63,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let pins = pins.clone();
         async move { pins.pinned_inputs().await }
     }));
+    let retention = tokio::spawn(run_retention_loop(batches, config.batches.retention, config.files.gc_interval));
     let reconciler = tokio::spawn(runner.run());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -73,6 +74,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(%address, "serving");
     api::server::serve(listener, api::router(state), &config.http, shutdown_signal()).await?;
     gc.abort();
+    retention.abort();
     reconciler.abort();
     Ok(())
 }

@@ -6,6 +6,7 @@
 use std::io::SeekFrom;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -14,20 +15,22 @@ use tokio::fs;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
 use tokio_util::io::ReaderStream;
 
-use super::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+use super::dir_index::DirIndex;
+use super::{ByteStream, Key, KeyPage, ObjectStore, ObjectWriter, StorageError};
 
 const TMP_DIR: &str = ".tmp";
 const READ_CHUNK: usize = 64 * 1024;
 
 pub struct DirStore {
     root: PathBuf,
+    index: Arc<DirIndex>,
 }
 
 impl DirStore {
     pub async fn open(root: impl Into<PathBuf>) -> Result<Self, StorageError> {
         let root = root.into();
         fs::create_dir_all(root.join(TMP_DIR)).await?;
-        Ok(Self { root })
+        Ok(Self { root, index: Arc::default() })
     }
 
     fn path(&self, key: &Key) -> PathBuf {
@@ -52,6 +55,8 @@ impl ObjectStore for DirStore {
             file: Some(BufWriter::with_capacity(256 * 1024, file)),
             temp,
             target: self.path(key),
+            key: key.clone(),
+            index: self.index.clone(),
             written: 0,
         }))
     }
@@ -91,7 +96,15 @@ impl ObjectStore for DirStore {
 
     async fn delete(&self, key: &Key) -> Result<(), StorageError> {
         not_found_as_none(fs::remove_file(self.path(key)).await)?;
+        self.index.removed(key).await;
         Ok(())
+    }
+
+    async fn list_page(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<KeyPage, StorageError> {
+        match prefix.strip_suffix('/') {
+            Some(dir) if Key::parse(dir).is_some() => self.index.page(&self.root, dir, start_after, limit).await,
+            _ => Ok(KeyPage::of_listing(prefix, self.list(prefix).await?, start_after, limit)),
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
@@ -133,6 +146,8 @@ struct DirWriter {
     file: Option<BufWriter<fs::File>>,
     temp: PathBuf,
     target: PathBuf,
+    key: Key,
+    index: Arc<DirIndex>,
     written: u64,
 }
 
@@ -170,6 +185,7 @@ impl ObjectWriter for DirWriter {
             let _ = fs::remove_file(&self.temp).await;
             return Err(error.into());
         }
+        self.index.added(&self.key).await;
         Ok(self.written)
     }
 

@@ -14,7 +14,9 @@ pub const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(
 /// last had a part, and the largest upload takes minutes).
 pub const ABANDONED_UPLOAD: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 mod dir;
+mod dir_index;
 mod key;
+pub mod newest_first;
 mod s3;
 
 use std::ops::Range;
@@ -28,6 +30,26 @@ pub use credentials::StaticKeys;
 pub use dir::DirStore;
 pub use key::Key;
 pub use s3::{S3Settings, S3Store};
+
+/// A page of a listing.
+#[derive(Debug, Default)]
+pub struct KeyPage {
+    pub keys: Vec<Key>,
+    /// Whether more keys follow the page.
+    pub more: bool,
+}
+
+impl KeyPage {
+    /// The page of the directory `prefix` in a whole (sorted) listing of it.
+    pub fn of_listing(prefix: &str, keys: Vec<Key>, start_after: Option<&str>, limit: usize) -> Self {
+        let from = start_after.map_or(0, |after| keys.partition_point(|key| key.as_str() <= after));
+        let direct = |key: &Key| key.as_str().strip_prefix(prefix).is_some_and(|name| !name.contains('/'));
+        let mut keys: Vec<Key> = keys.into_iter().skip(from).filter(direct).take(limit + 1).collect();
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        Self { keys, more }
+    }
+}
 
 /// A stream of an object's bytes, read lazily.
 pub type ByteStream = BoxStream<'static, Result<Bytes, StorageError>>;
@@ -58,6 +80,13 @@ pub trait ObjectStore: Send + Sync + 'static {
 
     /// Every key that starts with `prefix`, in lexical order.
     async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError>;
+
+    /// The first `limit` keys directly in the directory `prefix` (ending in `/`; not in
+    /// its subdirectories) that sort after `start_after`, in lexical order: what a listing
+    /// endpoint pages through, at a cost in proportion to the page, not to the directory.
+    async fn list_page(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<KeyPage, StorageError> {
+        Ok(KeyPage::of_listing(prefix, self.list(prefix).await?, start_after, limit))
+    }
 
     /// Removes what writers that never finished left behind (a process killed during an
     /// upload): the directory store's temp files not written to for `idle`, S3's multipart

@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
 use super::credentials::{StaticKeys, provider};
-use super::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
+use super::{ByteStream, Key, KeyPage, ObjectStore, ObjectWriter, StorageError};
 
 /// S3 wants parts of at least 5 MiB but the last.
 const PART_SIZE: usize = 8 * 1024 * 1024;
@@ -198,6 +198,39 @@ impl ObjectStore for S3Store {
         }
         keys.sort();
         Ok(keys)
+    }
+
+    async fn list_page(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<KeyPage, StorageError> {
+        // One more than the page, to know whether more follow; S3 answers up to 1,000 a
+        // call. The delimiter leaves out the keys of subdirectories.
+        let mut keys = Vec::new();
+        let mut continuation = None;
+        loop {
+            let wanted = (limit + 1 - keys.len()).min(1000);
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(format!("{}{}", self.prefix, prefix))
+                .delimiter("/")
+                .set_start_after(
+                    start_after.filter(|_| continuation.is_none()).map(|after| format!("{}{after}", self.prefix)),
+                )
+                .set_continuation_token(continuation.take())
+                .max_keys(wanted as i32)
+                .send()
+                .await
+                .map_err(backend)?;
+            let found = page.contents().iter().filter_map(|object| object.key());
+            keys.extend(found.filter_map(|key| key.strip_prefix(&self.prefix)).filter_map(Key::parse));
+            continuation = page.next_continuation_token().map(str::to_owned);
+            if keys.len() > limit || continuation.is_none() {
+                break;
+            }
+        }
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        Ok(KeyPage { keys, more })
     }
 }
 
