@@ -4,8 +4,11 @@
   upload     a 100 MB upload through `nightshift serve`: wall time and the server's peak RSS
   validate   creating a batch over a 200 MB, 50,000-line input: wall time and peak RSS,
              against a naive reference (Python, json.loads per line) on the same file
+  refused    3,000 batch creates refused by validation: what they add to the server's
+             memory (RSS) and to its data directory, and the time of a listing after them
 
-Usage: bench/run.py [upload] [validate]   (all when none named)
+Usage: bench/run.py [upload] [validate] [refused]   (all when none named)
+NIGHTSHIFT_BINARY names another binary (an older build, to compare).
 """
 
 import json
@@ -16,11 +19,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BINARY = ROOT / "target" / "release" / "nightshift"
+BINARY = pathlib.Path(os.environ.get("NIGHTSHIFT_BINARY", ROOT / "target" / "release" / "nightshift"))
 MB = 1024 * 1024
+
+
+def rss_mb(pid):
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def disk_mb(path):
+    result = subprocess.run(["du", "-sk", str(path)], check=True, capture_output=True, text=True)
+    return int(result.stdout.split()[0]) / 1024
 
 
 def peak_rss_mb(pid):
@@ -160,14 +174,53 @@ def bench_validate(work):
     print(f"validate: naive Python json.loads per line {reference:.3f} s; Nightshift is {reference / best:.1f}x faster")
 
 
+def bench_refused(work):
+    refused = int(os.environ.get("BENCH_REFUSED", "3000"))
+    data_dir = work / "refused-data"
+    serve = Serve(data_dir)
+    try:
+        bad = work / "bad.jsonl"
+        bad.write_text("".join(request_line(n, 0) + "\n" for n in range(20)) + "not json\n")
+        file_id = upload(serve, bad)["id"]
+        body = json.dumps({"input_file_id": file_id, "endpoint": "/v1/chat/completions"}).encode()
+        time.sleep(1)
+        rss_before, disk_before = rss_mb(serve.process.pid), disk_mb(data_dir)
+        started = time.perf_counter()
+        for _ in range(refused):
+            request = urllib.request.Request(f"{serve.url}/v1/batches", data=body, method="POST",
+                                             headers={**serve.headers(), "content-type": "application/json"})
+            try:
+                urllib.request.urlopen(request)
+                raise AssertionError("the create was not refused")
+            except urllib.error.HTTPError as error:
+                assert error.code == 400, error.code
+        elapsed = time.perf_counter() - started
+        time.sleep(1)
+        rss_after, disk_after = rss_mb(serve.process.pid), disk_mb(data_dir)
+        listing = []
+        for _ in range(20):
+            request = urllib.request.Request(f"{serve.url}/v1/batches?limit=20", headers=serve.headers())
+            started_list = time.perf_counter()
+            with urllib.request.urlopen(request) as response:
+                assert len(json.load(response)["data"]) == 20
+            listing.append(time.perf_counter() - started_list)
+        listing.sort()
+        print(f"refused: {refused:,} refused creates in {elapsed:.1f} s; server RSS {rss_before:.1f} -> "
+              f"{rss_after:.1f} MB (+{rss_after - rss_before:.1f}), data directory {disk_before:.1f} -> "
+              f"{disk_after:.1f} MB (+{disk_after - disk_before:.1f}); list of 20 after them: median "
+              f"{listing[len(listing) // 2] * 1000:.1f} ms")
+    finally:
+        serve.stop()
+
+
 def main():
-    chosen = sys.argv[1:] or ["upload", "validate"]
+    chosen = sys.argv[1:] or ["upload", "validate", "refused"]
     if not BINARY.exists():
         sys.exit(f"{BINARY} is missing: run `cargo build --release` first (just bench does)")
     with tempfile.TemporaryDirectory(prefix="nightshift-bench-") as work:
         work = pathlib.Path(work)
         for name in chosen:
-            {"upload": bench_upload, "validate": bench_validate}[name](work)
+            {"upload": bench_upload, "validate": bench_validate, "refused": bench_refused}[name](work)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@
 //!   1. the big project's own listings (`limit=1`, `limit=100`, and a page deep in the
 //!      list through `after`), newest first and oldest first;
 //!   2. the small project's listing and retrieve, first with the big project idle, then
-//!      while 8 connections of the big project list its files as fast as they can
-//!      (its rate limit raised out of the way: the worst case, not the default).
+//!      while 8 connections of the big project list its files as fast as they are
+//!      answered: once at the big project's default rate limit, once with its rate limit
+//!      raised out of the way (the worst case, not the default).
 //!
 //! The files are written through the file catalog itself before serve starts (uploading
-//! 100,000 files over HTTP would measure uploads). Knob: `BENCH_FILES` (default 100000).
+//! 100,000 files over HTTP would measure uploads). Knobs: `BENCH_FILES` (default 100000),
+//! `BENCH_SAMPLES` (requests per measurement, default 400).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -26,7 +28,6 @@ use nightshift::storage::{DirStore, ObjectStore};
 const BIG: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
 const SMALL: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
 const KEY: &str = "bench-key";
-const SAMPLES: usize = 400;
 const NOISY_CONNECTIONS: usize = 8;
 
 struct Percentiles {
@@ -70,9 +71,14 @@ async fn seed(data: &std::path::Path, project: &str, files: usize) -> Vec<String
         .await
 }
 
+/// Requests per measurement (`BENCH_SAMPLES`, default 400).
+fn samples() -> usize {
+    std::env::var("BENCH_SAMPLES").ok().map_or(400, |n| n.parse().unwrap())
+}
+
 async fn sample(client: &reqwest::Client, url: &str, project: &str) -> Percentiles {
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let mut samples = Vec::with_capacity(self::samples());
+    for _ in 0..self::samples() {
         let started = Instant::now();
         let response = client.get(url).header("x-project-id", project).header("x-api-key", KEY).send().await.unwrap();
         assert!(response.status().is_success(), "{url}: {}", response.status());
@@ -82,10 +88,99 @@ async fn sample(client: &reqwest::Client, url: &str, project: &str) -> Percentil
     percentiles(samples)
 }
 
+struct Serve(std::process::Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts serve over `data`; the big project's rate limit is `big_limit` a minute, else
+/// the default. Returns its URL once its first garbage collection is done.
+fn start_serve(work: &std::path::Path, data: &std::path::Path, big_limit: Option<u32>) -> (String, Serve) {
+    let config = work.join("nightshift.yaml");
+    let limit = big_limit.map(|n| format!("    rate_limit: {{requests_per_minute: {n}}}\n")).unwrap_or_default();
+    std::fs::write(
+        &config,
+        format!(
+            "projects:\n  - id: {BIG}\n    api_keys: [{{plain: {KEY}}}]\n{limit}  \
+             - id: {SMALL}\n    api_keys: [{{plain: {KEY}}}]\n"
+        ),
+    )
+    .unwrap();
+    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new(&nightshift)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve printed its address").unwrap();
+        if let Some(address) = line.strip_prefix("Nightshift listening on ") {
+            break address.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    // The garbage collector's first sweep runs at start; let it finish.
+    std::thread::sleep(Duration::from_secs(5));
+    (url, Serve(child))
+}
+
+/// The big project listing on [`NOISY_CONNECTIONS`] connections, as fast as answered.
+struct Noise {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Noise {
+    fn start(url: &str, big: &[String]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (answered, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tasks = (0..NOISY_CONNECTIONS)
+            .map(|n| {
+                let (client, stop) = (reqwest::Client::new(), stop.clone());
+                let (answered, refused) = (answered.clone(), refused.clone());
+                let list = format!("{url}/v1/files?limit=100&after={}", big[n * big.len() / NOISY_CONNECTIONS]);
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let response = client.get(&list).header("x-project-id", BIG).header("x-api-key", KEY);
+                        let response = response.send().await.unwrap();
+                        let counter = if response.status() == 429 { &refused } else { &answered };
+                        response.bytes().await.unwrap();
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Self { stop, answered, refused, tasks }
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+    }
+}
+
 fn main() {
     let files: usize = std::env::var("BENCH_FILES").ok().map_or(100_000, |n| n.parse().unwrap());
-    let root = env!("CARGO_MANIFEST_DIR");
-    let nightshift = format!("{root}/target/release/nightshift");
+    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
     assert!(std::path::Path::new(&nightshift).exists(), "build the release binary first: cargo build --release");
     let work = tempfile::TempDir::new().unwrap();
     let data = work.path().join("data");
@@ -97,81 +192,50 @@ fn main() {
         big.sort();
         eprintln!("seeded {files} files in {:.0} s", started.elapsed().as_secs_f64());
 
-        let config = work.path().join("nightshift.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "projects:\n  - id: {BIG}\n    api_keys: [{{plain: {KEY}}}]\n    rate_limit: {{requests_per_minute: 100000000}}\n  \
-                 - id: {SMALL}\n    api_keys: [{{plain: {KEY}}}]\n"
-            ),
-        )
-        .unwrap();
-        let mut serve = Command::new(&nightshift)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
-            .arg(&data)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(serve.stdout.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve printed its address").unwrap();
-            if let Some(address) = line.strip_prefix("Nightshift listening on ") {
-                break address.trim().to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        // The garbage collector's first sweep runs at start; let it finish.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-
         let client = reqwest::Client::new();
-        let deep = &big[files / 2];
-        println!("big project, {files} files:");
-        for (what, query) in [
-            ("list limit=1", "limit=1".to_owned()),
-            ("list limit=100", "limit=100".to_owned()),
-            ("list limit=100 after mid", format!("limit=100&after={deep}")),
-            ("list limit=1 oldest first", "limit=1&order=asc".to_owned()),
-            ("list limit=100 after mid oldest first", format!("limit=100&order=asc&after={deep}")),
-        ] {
-            println!("  {what:<40} {}", sample(&client, &format!("{url}/v1/files?{query}"), BIG).await);
-        }
-
-        let small_list = format!("{url}/v1/files?limit=20");
-        let small_get = format!("{url}/v1/files/{}", small[0]);
-        println!("small project, 1 file, big project idle:");
-        println!("  {:<40} {}", "list", sample(&client, &small_list, SMALL).await);
-        println!("  {:<40} {}", "retrieve", sample(&client, &small_get, SMALL).await);
-
-        let stop = Arc::new(AtomicBool::new(false));
-        let noisy_requests = Arc::new(AtomicU64::new(0));
-        let mut noise = Vec::new();
-        for n in 0..NOISY_CONNECTIONS {
-            let (client, stop, count) = (reqwest::Client::new(), stop.clone(), noisy_requests.clone());
-            let (url, after) = (url.clone(), big[n * files / NOISY_CONNECTIONS].clone());
-            noise.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let list = format!("{url}/v1/files?limit=100&after={after}");
-                    let response =
-                        client.get(&list).header("x-project-id", BIG).header("x-api-key", KEY).send().await.unwrap();
-                    response.bytes().await.unwrap();
-                    count.fetch_add(1, Ordering::Relaxed);
+        for (i, limit) in [None, Some(100_000_000)].into_iter().enumerate() {
+            let (url, serve) = start_serve(work.path(), &data, limit);
+            if i == 0 {
+                let deep = &big[files / 2];
+                println!("big project, {files} files:");
+                for (what, query) in [
+                    ("list limit=1", "limit=1".to_owned()),
+                    ("list limit=100", "limit=100".to_owned()),
+                    ("list limit=100 after mid", format!("limit=100&after={deep}")),
+                    ("list limit=1 oldest first", "limit=1&order=asc".to_owned()),
+                    ("list limit=100 after mid oldest first", format!("limit=100&order=asc&after={deep}")),
+                ] {
+                    println!("  {what:<40} {}", sample(&client, &format!("{url}/v1/files?{query}"), BIG).await);
                 }
-            }));
+            }
+            let small_list = format!("{url}/v1/files?limit=20");
+            let small_get = format!("{url}/v1/files/{}", small[0]);
+            println!("small project, 1 file, big project idle:");
+            println!("  {:<40} {}", "list", sample(&client, &small_list, SMALL).await);
+            println!("  {:<40} {}", "retrieve", sample(&client, &small_get, SMALL).await);
+            let how = match limit {
+                None => "at its rate limit (the default, 6,000 requests a minute)",
+                Some(_) => "with no rate limit",
+            };
+            println!("small project, while the big one lists on {NOISY_CONNECTIONS} connections {how}:");
+            let noise = Noise::start(&url, &big);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            // At the limit: once the big project's burst is spent and it is refused.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while limit.is_none() && noise.refused() == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let (started, answered_before, refused_before) = (Instant::now(), noise.answered(), noise.refused());
+            println!("  {:<40} {}", "list", sample(&client, &small_list, SMALL).await);
+            println!("  {:<40} {}", "retrieve", sample(&client, &small_get, SMALL).await);
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "  (the big project meanwhile: {:.0} listings a second answered, {:.0} refused with 429)",
+                (noise.answered() - answered_before) as f64 / seconds,
+                (noise.refused() - refused_before) as f64 / seconds
+            );
+            noise.stop().await;
+            drop(serve);
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let noisy_started = (Instant::now(), noisy_requests.load(Ordering::Relaxed));
-        println!("small project, while the big one lists on {NOISY_CONNECTIONS} connections:");
-        println!("  {:<40} {}", "list", sample(&client, &small_list, SMALL).await);
-        println!("  {:<40} {}", "retrieve", sample(&client, &small_get, SMALL).await);
-        let noisy_rate = (noisy_requests.load(Ordering::Relaxed) - noisy_started.1) as f64
-            / noisy_started.0.elapsed().as_secs_f64();
-        println!("  (the big project's listings meanwhile: {noisy_rate:.0} a second)");
-        stop.store(true, Ordering::Relaxed);
-        for task in noise {
-            task.await.unwrap();
-        }
-        let _ = serve.kill();
-        let _ = serve.wait();
     });
 }

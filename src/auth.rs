@@ -1,7 +1,9 @@
-//! Projects and their API keys: who is calling, decided from two headers.
+//! Projects and their API keys: who is calling, decided from the spec's two headers
+//! (`x-project-id` and `x-api-key`), or from the OpenAI SDK's own `Authorization: Bearer`
+//! key, whose project is the one the key belongs to.
 //!
 //! Keys are held only as SHA-256 digests and compared in constant time, so neither
-//! memory dumps nor response timing reveal a key.
+//! memory dumps nor response timing reveal a key. A bearer key is found by its digest.
 
 use std::collections::HashMap;
 
@@ -13,6 +15,8 @@ use crate::ids::ProjectId;
 
 pub const API_KEY_HEADER: &str = "x-api-key";
 pub const PROJECT_HEADER: &str = "x-project-id";
+/// The project an OpenAI SDK names (`OpenAI(project=...)`, `OPENAI_PROJECT_ID`).
+pub const OPENAI_PROJECT_HEADER: &str = "openai-project";
 
 #[derive(Clone, Debug)]
 pub struct Project {
@@ -41,12 +45,49 @@ pub enum AuthError {
     MissingHeaders,
     #[error("Invalid API key or project")]
     InvalidCredentials,
+    /// A bearer key that no project has (or that two projects share).
+    #[error("Incorrect API key provided")]
+    UnknownBearerKey,
+    /// A bearer key of another project than the `OpenAI-Project` header names.
+    #[error("The API key does not belong to the project in the OpenAI-Project header")]
+    ProjectMismatch,
+}
+
+/// What a request presents to say who it is.
+#[derive(Clone, Copy, Debug)]
+pub enum Credentials<'a> {
+    /// The spec's `x-project-id` and `x-api-key` (either may be missing: 401).
+    Headers { project: Option<&'a str>, key: Option<&'a str> },
+    /// `Authorization: Bearer <key>`, with the `OpenAI-Project` header if sent.
+    Bearer { key: &'a str, project: Option<&'a str> },
+}
+
+impl<'a> Credentials<'a> {
+    /// The spec's headers when either is sent; else a bearer key; else nothing (401).
+    pub fn from_headers(header: impl Fn(&str) -> Option<&'a str>) -> Self {
+        let spec = (header(PROJECT_HEADER), header(API_KEY_HEADER));
+        let sent = |value: Option<&str>| value.is_some_and(|v| !v.trim().is_empty());
+        if sent(spec.0) || sent(spec.1) {
+            return Self::Headers { project: spec.0, key: spec.1 };
+        }
+        let bearer = header("authorization").and_then(|value| {
+            let (scheme, key) = value.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| key.trim()).filter(|key| !key.is_empty())
+        });
+        match bearer {
+            Some(key) => Self::Bearer { key, project: header(OPENAI_PROJECT_HEADER).filter(|p| !p.trim().is_empty()) },
+            None => Self::Headers { project: spec.0, key: spec.1 },
+        }
+    }
 }
 
 /// Every project that may call the API.
 #[derive(Clone, Debug, Default)]
 pub struct Projects {
     by_id: HashMap<ProjectId, Project>,
+    /// Every active key's digest → its project; `None` when two projects share the key,
+    /// which then names no project by itself.
+    by_key: HashMap<[u8; 32], Option<ProjectId>>,
 }
 
 impl Projects {
@@ -80,8 +121,21 @@ impl Projects {
                 };
                 (project.id.clone(), entry)
             })
-            .collect();
-        Self { by_id }
+            .collect::<HashMap<_, _>>();
+        let mut by_key: HashMap<[u8; 32], Option<ProjectId>> = HashMap::new();
+        for project in by_id.values() {
+            for key in project.keys.iter().filter(|key| key.active) {
+                by_key
+                    .entry(key.digest)
+                    .and_modify(|owner| {
+                        if owner.as_ref() != Some(&project.id) {
+                            *owner = None;
+                        }
+                    })
+                    .or_insert_with(|| Some(project.id.clone()));
+            }
+        }
+        Self { by_id, by_key }
     }
 
     pub fn get(&self, id: &ProjectId) -> Option<&Project> {
@@ -95,6 +149,24 @@ impl Projects {
 
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
+    }
+
+    /// Decides who is calling.
+    pub fn authenticate_with(&self, credentials: Credentials<'_>) -> Result<&Project, AuthError> {
+        match credentials {
+            Credentials::Headers { project, key } => self.authenticate(project, key),
+            Credentials::Bearer { key, project } => self.authenticate_bearer(key, project),
+        }
+    }
+
+    /// A bearer key names its project; an `OpenAI-Project` header, if sent, must name the
+    /// same one.
+    fn authenticate_bearer(&self, key: &str, project_header: Option<&str>) -> Result<&Project, AuthError> {
+        let owner = self.by_key.get(&sha256(key)).cloned().flatten().ok_or(AuthError::UnknownBearerKey)?;
+        if project_header.is_some_and(|named| ProjectId::parse(named.trim()).as_ref() != Some(&owner)) {
+            return Err(AuthError::ProjectMismatch);
+        }
+        self.by_id.get(&owner).ok_or(AuthError::UnknownBearerKey)
     }
 
     /// Decides who sent `x-project-id` and `x-api-key`. A missing (or empty) header is
@@ -167,11 +239,52 @@ mod tests {
             ProjectConfig {
                 id: ProjectId::parse(OTHER).unwrap(),
                 name: None,
-                api_keys: vec![key(Some("other-key"), None, true)],
+                api_keys: vec![key(Some("other-key"), None, true), key(Some("shared-key"), None, true)],
+                quota: None,
+                rate_limit: None,
+            },
+            ProjectConfig {
+                id: ProjectId::parse(THIRD).unwrap(),
+                name: None,
+                api_keys: vec![key(Some("shared-key"), None, true)],
                 quota: None,
                 rate_limit: None,
             },
         ])
+    }
+
+    const THIRD: &str = "9d3c2b1a-0f0e-4d0c-8b0a-090807060504";
+
+    fn from(headers: &[(&'static str, &'static str)]) -> Credentials<'static> {
+        let headers = headers.to_vec();
+        Credentials::from_headers(move |name| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v))
+    }
+
+    #[test]
+    fn a_bearer_key_names_its_project_and_the_openai_project_header_must_agree() {
+        let projects = projects();
+        let who = |headers: &[(&'static str, &'static str)]| {
+            projects.authenticate_with(from(headers)).map(|p| p.id.to_string())
+        };
+        assert_eq!(who(&[("authorization", "Bearer plain-key")]).unwrap(), PROJECT);
+        assert_eq!(who(&[("authorization", "bearer hashed-key")]).unwrap(), PROJECT);
+        assert_eq!(who(&[("authorization", "Bearer other-key"), ("openai-project", OTHER)]).unwrap(), OTHER);
+        assert_eq!(
+            who(&[("authorization", "Bearer other-key"), ("openai-project", PROJECT)]).unwrap_err(),
+            AuthError::ProjectMismatch
+        );
+        for unknown in ["Bearer wrong", "Bearer retired-key", "Bearer shared-key"] {
+            assert_eq!(who(&[("authorization", unknown)]).unwrap_err(), AuthError::UnknownBearerKey, "{unknown}");
+        }
+        // Not a bearer key: as if nothing was sent.
+        for nothing in ["Basic cGxhaW4ta2V5", "Bearer ", "plain-key"] {
+            assert_eq!(who(&[("authorization", nothing)]).unwrap_err(), AuthError::MissingHeaders, "{nothing}");
+        }
+        // The spec's headers, when sent, decide alone: a bearer key beside them is ignored.
+        let spec = [("x-project-id", PROJECT), ("x-api-key", "wrong"), ("authorization", "Bearer plain-key")];
+        assert_eq!(who(&spec).unwrap_err(), AuthError::InvalidCredentials);
+        let half = [("x-project-id", PROJECT), ("authorization", "Bearer plain-key")];
+        assert_eq!(who(&half).unwrap_err(), AuthError::MissingHeaders);
     }
 
     #[test]

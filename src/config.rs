@@ -500,7 +500,22 @@ impl Config {
             return invalid("storage needs either `dir` or `s3`".into());
         }
         let mut seen = std::collections::HashSet::new();
+        // A key names its project (`Authorization: Bearer`), so no two projects share one.
+        let mut owners: std::collections::HashMap<String, &ProjectId> = std::collections::HashMap::new();
         for project in &self.projects {
+            for key in &project.api_keys {
+                let digest = match (&key.plain, &key.sha256) {
+                    (Some(plain), _) => hex::encode(crate::auth::sha256(plain)),
+                    (None, Some(hash)) => hash.to_ascii_lowercase(),
+                    (None, None) => continue,
+                };
+                if let Some(owner) = owners.insert(digest, &project.id).filter(|owner| **owner != project.id) {
+                    return invalid(format!(
+                        "projects {owner} and {} share an api key: each key belongs to one project",
+                        project.id
+                    ));
+                }
+            }
             if !seen.insert(&project.id) {
                 return invalid(format!("project {} is configured twice", project.id));
             }
@@ -592,6 +607,10 @@ batches:
         assert!(Config::from_yaml("listn: 1.2.3.4:5").is_err(), "unknown keys are rejected");
         let two_kinds = "projects: [{id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11, api_keys: [{plain: a, sha256: b}]}]";
         assert!(Config::from_yaml(two_kinds).is_err());
+        let shared = "projects: [{id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11, api_keys: [{plain: a}]}, \
+                      {id: 0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10, api_keys: [{plain: b}, {plain: a}]}]";
+        let error = Config::from_yaml(shared).unwrap_err().to_string();
+        assert!(error.contains("share an api key"), "{error}");
         let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";
         assert!(Config::from_yaml(bad_id).is_err());
         assert!(Config::from_yaml("batches: {completion_window: soon}").is_err());

@@ -72,6 +72,27 @@ async fn the_sdk_creates_retrieves_lists_runs_and_cancels_batches() {
     assert!(stdout.contains("batches SDK checks passed"), "{stdout}");
 }
 
+/// `OpenAI()` with only `OPENAI_BASE_URL` and `OPENAI_API_KEY` set: the bearer key names
+/// its project, no extra header needed.
+#[test]
+fn the_sdk_works_configured_only_by_its_environment_variables() {
+    let data = TempDir::new().unwrap();
+    let serve = Serve::start(data.path(), &[]);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(common::tools::python())
+        .arg(format!("{root}/tests/e2e/env_sdk.py"))
+        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
+        .env("OPENAI_API_KEY", serve.api_key.as_deref().unwrap())
+        .env("NIGHTSHIFT_PROJECT_ID", serve.project_id.as_deref().unwrap())
+        .env_remove("OPENAI_PROJECT_ID")
+        .env_remove("OPENAI_ORG_ID")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("environment-only SDK checks passed"), "{stdout}");
+}
+
 #[tokio::test]
 async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();

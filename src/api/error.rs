@@ -94,13 +94,17 @@ impl From<StorageError> for ApiError {
 
 impl From<AuthError> for ApiError {
     fn from(error: AuthError) -> Self {
+        // A wrong bearer key is OpenAI's 401 (the SDK's AuthenticationError); the spec's
+        // headers keep the spec's 403.
         let status = match error {
-            AuthError::MissingHeaders => StatusCode::UNAUTHORIZED,
-            AuthError::InvalidCredentials => StatusCode::FORBIDDEN,
+            AuthError::MissingHeaders | AuthError::UnknownBearerKey => StatusCode::UNAUTHORIZED,
+            AuthError::InvalidCredentials | AuthError::ProjectMismatch => StatusCode::FORBIDDEN,
         };
         let code = match error {
             AuthError::MissingHeaders => "missing_credentials",
-            AuthError::InvalidCredentials => "invalid_api_key",
+            AuthError::InvalidCredentials | AuthError::UnknownBearerKey | AuthError::ProjectMismatch => {
+                "invalid_api_key"
+            }
         };
         Self::new(status, ErrorType::AuthenticationError, Some(code), error.to_string())
     }

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::limits::ClientAddress;
-use crate::auth::{API_KEY_HEADER, PROJECT_HEADER, Project};
+use crate::auth::{Credentials, Project};
 use crate::ids::RequestId;
 use crate::metrics::{HttpLabels, METRICS, RouteLabels};
 
@@ -116,7 +116,7 @@ pub fn cors() -> CorsLayer {
         .max_age(Duration::from_secs(86400))
 }
 
-/// Authenticates `x-project-id` + `x-api-key` and hands the project to the handler,
+/// Authenticates `x-project-id` + `x-api-key` (or a bearer key) and hands the project to the handler,
 /// within the rate limits: a client's failed attempts, then the project's requests.
 pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let project = match authenticated_project(&state, request.headers()) {
@@ -138,8 +138,8 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
 }
 
 fn authenticated_project(state: &AppState, headers: &HeaderMap) -> Result<Project, ApiError> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    Ok(state.projects.current().authenticate(header(PROJECT_HEADER), header(API_KEY_HEADER))?.clone())
+    let credentials = Credentials::from_headers(|name| headers.get(name).and_then(|v| v.to_str().ok()));
+    Ok(state.projects.current().authenticate_with(credentials)?.clone())
 }
 
 /// Unknown routes, worded like OpenAI's.

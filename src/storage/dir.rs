@@ -76,6 +76,12 @@ impl ObjectStore for DirStore {
         Ok(stream)
     }
 
+    async fn get(&self, key: &Key) -> Result<Bytes, StorageError> {
+        // One blocking call for a small object, not one per step of a stream.
+        let bytes = not_found_as_none(fs::read(self.path(key)).await)?;
+        Ok(Bytes::from(bytes.ok_or_else(|| StorageError::NotFound(key.to_string()))?))
+    }
+
     async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
         let metadata = not_found_as_none(fs::metadata(self.path(key)).await)?;
         Ok(metadata.filter(|m| m.is_file()).map(|m| m.len()))

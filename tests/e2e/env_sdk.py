@@ -1,0 +1,47 @@
+"""The official OpenAI Python SDK configured only by its own environment variables,
+OPENAI_BASE_URL and OPENAI_API_KEY: no extra headers (run by tests/sdk_e2e.rs)."""
+
+import json
+import os
+import time
+
+import openai
+from openai import OpenAI
+
+client = OpenAI(max_retries=0)  # Everything from the environment.
+project_id = os.environ["NIGHTSHIFT_PROJECT_ID"]
+
+lines = "".join(
+    f'{{"custom_id": "env-{n}", "method": "POST", "url": "/v1/chat/completions", '
+    f'"body": {{"model": "echo", "messages": [{{"role": "user", "content": "hello {n}"}}]}}}}\n'
+    for n in range(3)
+)
+uploaded = client.files.create(file=("env.jsonl", lines.encode()), purpose="batch")
+assert uploaded.id in [f.id for f in client.files.list()]
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+deadline = time.time() + 60
+while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    assert time.time() < deadline, batch
+    time.sleep(0.2)
+    batch = client.batches.retrieve(batch.id)
+assert batch.status == "completed" and batch.request_counts.completed == 3, batch
+output = client.files.content(batch.output_file_id).text
+assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["env-0", "env-1", "env-2"], output
+
+# The key's own project, named by OpenAI(project=...): fine. Another project: refused.
+assert OpenAI(max_retries=0, project=project_id).files.retrieve(uploaded.id).id == uploaded.id
+try:
+    OpenAI(max_retries=0, project="0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10").files.list()
+    raise AssertionError("expected a 403")
+except openai.PermissionDeniedError as error:
+    assert error.code == "invalid_api_key", error.body
+
+# A wrong key is OpenAI's 401, the SDK's AuthenticationError.
+try:
+    OpenAI(max_retries=0, api_key="sk-wrong").files.list()
+    raise AssertionError("expected a 401")
+except openai.AuthenticationError as error:
+    assert error.code == "invalid_api_key", error.body
+    assert error.body["message"] == "Incorrect API key provided", error.body
+
+print("environment-only SDK checks passed")
