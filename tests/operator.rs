@@ -320,6 +320,12 @@ impl Operator {
         kubectl(&self.cluster, args)
     }
 
+    /// Merges `spec` into the `demo` Project's spec.
+    fn patch_project(&self, spec: Value) {
+        let patch = json!({"spec": spec}).to_string();
+        self.kubectl(&["patch", "project", "demo", "-n", NS, "--type", "merge", "-p", &patch]);
+    }
+
     /// Waits for a Warning Event `reason` on the object `name`; returns its message.
     async fn warning(&self, reason: &str, name: &str) -> String {
         let selector = format!("type=Warning,reason={reason},involvedObject.name={name}");
@@ -607,17 +613,7 @@ async fn a_projects_quota_is_shared_by_its_worker_pods_not_copied() {
     const QUOTA: u64 = 110; // 22 lines of 5 tokens, of 40 over 4 shards.
     let operator =
         Operator::start_with(10, Duration::from_millis(200), LIMIT as usize, IMAGE, "  max_running_shards: 4\n").await;
-    operator.kubectl(&[
-        "patch",
-        "project",
-        "demo",
-        "-n",
-        NS,
-        "--type",
-        "merge",
-        "-p",
-        &format!(r#"{{"spec":{{"quota":{{"tokens":{QUOTA}}}}}}}"#),
-    ]);
+    operator.patch_project(json!({"quota": {"tokens": QUOTA}}));
     let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "40")]));
     let finished = finished.last().unwrap();
     assert_eq!(finished["status"], "completed", "{finished}");
@@ -909,17 +905,7 @@ async fn a_projects_rate_limit_holds_per_api_replica() {
         &operator.dir.path().join("api-2.log"),
     );
     let second_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
-    operator.kubectl(&[
-        "patch",
-        "project",
-        "demo",
-        "-n",
-        NS,
-        "--type",
-        "merge",
-        "-p",
-        &format!(r#"{{"spec":{{"rate_limit":{{"requests_per_minute":{PER_MINUTE}}}}}}}"#),
-    ]);
+    operator.patch_project(json!({"rate_limit": {"requests_per_minute": PER_MINUTE}}));
 
     let client = reqwest::Client::new();
     let get = |url: &str| {
