@@ -62,7 +62,12 @@ async fn seed(data: &std::path::Path, project: &str, files: usize) -> Vec<String
             async move {
                 let mut upload = catalog.start_upload(&project).await.unwrap();
                 upload.write(line).await.unwrap();
-                let file = NewFile { filename: Some(format!("f{n}.jsonl")), purpose: Purpose::Batch, is_error: false };
+                let file = NewFile {
+                    filename: Some(format!("f{n}.jsonl")),
+                    purpose: Purpose::Batch,
+                    is_error: false,
+                    expires_after: None,
+                };
                 upload.commit(file).await.unwrap().id.to_string()
             }
         })

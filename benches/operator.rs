@@ -52,6 +52,7 @@ fn batch(project: &ProjectId, state: BatchState) -> BatchResource {
         metadata: Default::default(),
         created_at: nightshift::clock::now(),
         expires_at: nightshift::clock::now() + 86_400,
+        output_expires_after: None,
         plan: ShardPlan {
             shard_lines: 5000,
             shards: vec![Shard { index: 0, first_request: 0, requests: 10, byte_start: 0, byte_end: 1000 }],

@@ -119,6 +119,39 @@ async fn request_checks_answer_400_with_the_specs_messages() {
     assert_eq!(app.get("/v1/batches").await.json()["data"], json!([]), "request errors persist nothing");
 }
 
+/// `output_expires_after` is checked like OpenAI does and kept for finalize.
+#[tokio::test]
+async fn output_expires_after_is_checked_and_kept_with_the_batch() {
+    let (_b, app) = app().await;
+    let file = upload(&app, &jsonl(&[line("a")])).await;
+    let body = |after: Value| json!({"input_file_id": file, "endpoint": URL, "output_expires_after": after});
+    for (after, code, param) in [
+        (json!({"anchor": "created_at", "seconds": 10}), "integer_below_min_value", "output_expires_after.seconds"),
+        (
+            json!({"anchor": "created_at", "seconds": 2_592_001}),
+            "integer_above_max_value",
+            "output_expires_after.seconds",
+        ),
+        (json!({"anchor": "created_at", "seconds": "3600"}), "invalid_type", "output_expires_after.seconds"),
+        (json!({"anchor": "created_at"}), "missing_required_parameter", "output_expires_after.seconds"),
+        (json!({"anchor": "expires_at", "seconds": 3600}), "invalid_value", "output_expires_after.anchor"),
+        (json!("1h"), "invalid_type", "output_expires_after"),
+    ] {
+        let error = app.post_json("/v1/batches", body(after)).await.error(StatusCode::BAD_REQUEST, code);
+        assert_eq!(error["param"], param, "{error}");
+        assert_eq!(error["type"], "invalid_request_error");
+    }
+    assert_eq!(app.get("/v1/batches").await.json()["data"], json!([]), "refused options persist nothing");
+    let created = app.post_json("/v1/batches", body(json!({"anchor": "created_at", "seconds": 7200}))).await.json();
+    let id = BatchId::parse(created["id"].as_str().unwrap()).unwrap();
+    let stored = app.batches.get(&ProjectId::parse(common::PROJECT).unwrap(), &id).await.unwrap().unwrap();
+    assert_eq!(stored.spec.output_expires_after, Some(7200));
+    let plain = app
+        .post_json("/v1/batches", json!({"input_file_id": file, "endpoint": URL, "output_expires_after": null}))
+        .await;
+    assert_eq!(plain.status, StatusCode::OK, "null is no option");
+}
+
 #[tokio::test]
 async fn bodies_that_are_not_json_get_the_envelope() {
     let (_b, app) = app().await;
@@ -426,6 +459,7 @@ fn old_batch(
             metadata: Default::default(),
             created_at: created,
             expires_at: created + 86_400,
+            output_expires_after: None,
             plan: Default::default(),
         },
         state,

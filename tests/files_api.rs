@@ -532,3 +532,48 @@ async fn the_whole_file_cycle_works_over_s3() {
     assert_eq!(app.files.collect_garbage(nightshift::clock::now(), &Default::default()).await.unwrap(), 1);
     assert!(app.store.list("file-").await.unwrap().is_empty());
 }
+
+/// `expires_after` on upload: reflected in `expires_at` and enforced by the collector;
+/// refused with OpenAI's codes when malformed, leaving no file behind.
+#[tokio::test]
+async fn expires_after_sets_expires_at_and_bad_values_get_openais_errors() {
+    let (_b, app) = app().await;
+    let form = Form::new()
+        .text("purpose", "batch")
+        .text("expires_after[anchor]", "created_at")
+        .text("expires_after[seconds]", "3600")
+        .file("file", "soon.jsonl", LINES);
+    let soon = app.send(form.request(TestApp::request("POST", "/v1/files"))).await.json();
+    assert_eq!(soon["expires_at"].as_i64().unwrap(), soon["created_at"].as_i64().unwrap() + 3600, "{soon}");
+    let default = app.upload("default.jsonl", LINES).await;
+    assert_eq!(default["expires_at"].as_i64().unwrap(), default["created_at"].as_i64().unwrap() + 30 * 86_400);
+
+    let in_an_hour = nightshift::clock::now() + 3601;
+    assert_eq!(app.files.collect_garbage(in_an_hour, &Default::default()).await.unwrap(), 1);
+    app.get(&format!("/v1/files/{}", soon["id"].as_str().unwrap()))
+        .await
+        .error(StatusCode::NOT_FOUND, "file_not_found");
+    assert_eq!(app.get(&format!("/v1/files/{}", default["id"].as_str().unwrap())).await.status, StatusCode::OK);
+
+    for (anchor, seconds, code, param) in [
+        (Some("created_at"), Some("59"), "integer_below_min_value", "expires_after.seconds"),
+        (Some("created_at"), Some("2592001"), "integer_above_max_value", "expires_after.seconds"),
+        (Some("created_at"), Some("an hour"), "invalid_type", "expires_after.seconds"),
+        (Some("created_at"), None, "missing_required_parameter", "expires_after.seconds"),
+        (Some("last_active_at"), Some("3600"), "invalid_value", "expires_after.anchor"),
+        (None, Some("3600"), "missing_required_parameter", "expires_after.anchor"),
+    ] {
+        let mut form = Form::new().text("purpose", "batch");
+        if let Some(anchor) = anchor {
+            form = form.text("expires_after[anchor]", anchor);
+        }
+        if let Some(seconds) = seconds {
+            form = form.text("expires_after[seconds]", seconds);
+        }
+        let answer =
+            app.send(form.file("file", "bad.jsonl", LINES).request(TestApp::request("POST", "/v1/files"))).await;
+        let error = answer.error(StatusCode::BAD_REQUEST, code);
+        assert_eq!(error["param"], param, "{error}");
+    }
+    assert_eq!(app.store.list("file-data/").await.unwrap().len(), 1, "refused uploads leave nothing");
+}

@@ -726,6 +726,7 @@ fn batch_object(name: &str) -> Value {
         metadata: Default::default(),
         created_at: 1,
         expires_at: 86_401,
+        output_expires_after: None,
         plan: Default::default(),
     };
     let resource = BatchResource::new(name, nightshift::k8s::crd::BatchResourceSpec { batch: spec });

@@ -46,6 +46,7 @@ impl From<CreateError> for ApiError {
                 api.line = error.line;
                 api
             }
+            CreateError::Expiry(error) => error.into(),
             CreateError::Storage(error) => error.into(),
             CreateError::Store(error) => ApiError::internal("internal_error", error),
         }

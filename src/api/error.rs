@@ -92,6 +92,12 @@ impl From<StorageError> for ApiError {
     }
 }
 
+impl From<crate::files::ExpiryError> for ApiError {
+    fn from(error: crate::files::ExpiryError) -> Self {
+        ApiError::bad_request(error.code, error.message).with_param(error.param)
+    }
+}
+
 impl From<AuthError> for ApiError {
     fn from(error: AuthError) -> Self {
         // A wrong bearer key is OpenAI's 401 (the SDK's AuthenticationError); the spec's

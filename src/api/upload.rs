@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::CurrentProject;
-use crate::files::{FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload};
+use crate::files::{FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
 
 /// The request may carry a little more than the file: boundaries and other fields.
 pub const MAX_UPLOAD_REQUEST_BYTES: usize = MAX_UPLOAD_BYTES as usize + 1024 * 1024;
@@ -99,15 +99,16 @@ pub async fn create_file(
         )
     })?;
 
-    let mut purpose: Option<String> = None;
-    let mut upload: Option<(Upload, Option<String>)> = None;
-    let outcome = read_parts(&state, &project.id, &mut multipart, &mut purpose, &mut upload).await;
+    let mut form = Form::default();
+    let outcome = read_parts(&state, &project.id, &mut multipart, &mut form).await;
     let checked = outcome.and_then(|()| {
-        match purpose.as_deref() {
+        match form.purpose.as_deref() {
             Some("batch") => {}
             other => return Err(invalid_purpose(other)),
         }
-        match &upload {
+        let expires_after =
+            expiry::from_fields("expires_after", form.expires_anchor.as_deref(), form.expires_seconds.as_deref())?;
+        match &form.upload {
             None => Err(ApiError::bad_request(
                 "missing_file",
                 "No file part in the multipart body; send the file as `file`",
@@ -116,29 +117,43 @@ pub async fn create_file(
             Some((file, _)) if file.bytes() == 0 => {
                 Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
             }
-            Some(_) => Ok(()),
+            Some(_) => Ok(expires_after),
         }
     });
-    if let Err(error) = checked {
-        if let Some((file, _)) = upload {
-            file.abort().await;
+    let expires_after = match checked {
+        Ok(expires_after) => expires_after,
+        Err(error) => {
+            if let Some((file, _)) = form.upload {
+                file.abort().await;
+            }
+            drain(&mut multipart).await;
+            return Err(error);
         }
-        drain(&mut multipart).await;
-        return Err(error);
-    }
-    let (file, filename) = upload.expect("checked above");
-    let record = file.commit(NewFile { filename, purpose: Purpose::Batch, is_error: false }).await?;
+    };
+    let (file, filename) = form.upload.expect("checked above");
+    let new = NewFile { filename, purpose: Purpose::Batch, is_error: false, expires_after };
+    let record = file.commit(new).await?;
     tracing::info!(file = %record.id, bytes = record.bytes, "file uploaded");
     Ok(Json(FileObject::from(&record)))
 }
 
-/// Reads every part: `purpose` as text, `file` streamed into storage, others skipped.
+/// What the multipart body holds, as far as read.
+#[derive(Default)]
+struct Form {
+    purpose: Option<String>,
+    upload: Option<(Upload, Option<String>)>,
+    /// `expires_after[anchor]` and `expires_after[seconds]`, checked once all is read.
+    expires_anchor: Option<String>,
+    expires_seconds: Option<String>,
+}
+
+/// Reads every part: `purpose` and `expires_after[...]` as text, `file` streamed into
+/// storage, others skipped.
 async fn read_parts(
     state: &AppState,
     project: &crate::ids::ProjectId,
     multipart: &mut Multipart,
-    purpose: &mut Option<String>,
-    upload: &mut Option<(Upload, Option<String>)>,
+    form: &mut Form,
 ) -> Result<(), ApiError> {
     while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
         match field.name() {
@@ -148,10 +163,12 @@ async fn read_parts(
                 if value != "batch" {
                     return Err(invalid_purpose(Some(&value)));
                 }
-                *purpose = Some(value);
+                form.purpose = Some(value);
             }
+            Some("expires_after[anchor]") => form.expires_anchor = Some(read_text(&mut field).await?),
+            Some("expires_after[seconds]") => form.expires_seconds = Some(read_text(&mut field).await?),
             Some("file") => {
-                if upload.is_some() {
+                if form.upload.is_some() {
                     return Err(ApiError::bad_request(
                         "invalid_multipart",
                         "The multipart body has more than one file part",
@@ -161,7 +178,7 @@ async fn read_parts(
                 let filename = field.file_name().map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
                 let mut file = state.files.start_upload(project).await?;
                 let streamed = stream_into(&mut field, &mut file).await;
-                *upload = Some((file, filename));
+                form.upload = Some((file, filename));
                 streamed?;
             }
             _ => while field.chunk().await.map_err(multipart_error)?.is_some() {},

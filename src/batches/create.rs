@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::model::{Batch, BatchError, BatchSpec, BatchState};
 use super::store::{BatchStore, StoreError};
 use crate::clock;
-use crate::files::{FileCatalog, Purpose};
+use crate::files::{ExpiresAfter, ExpiryError, FileCatalog, Purpose, expiry};
 use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
 use crate::validate::{self, InvalidInput, Validator};
@@ -32,6 +32,8 @@ pub struct CreateBatch {
     pub input_file_id: String,
     pub endpoint: String,
     pub metadata: Map<String, Value>,
+    /// When the output and error files expire, if not after the files' retention.
+    pub output_expires_after: Option<ExpiresAfter>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,9 @@ pub enum CreateError {
     /// The input failed validation; the batch was persisted as `failed`.
     #[error("{error}")]
     Invalid { error: InvalidInput, batch: Box<Batch> },
+    /// A malformed `output_expires_after` (400, with OpenAI's code).
+    #[error(transparent)]
+    Expiry(#[from] ExpiryError),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
@@ -104,7 +109,8 @@ impl CreateBatch {
                 });
             }
         };
-        Ok(Self { input_file_id, endpoint, metadata })
+        let output_expires_after = expiry::from_json("output_expires_after", body.get("output_expires_after"))?;
+        Ok(Self { input_file_id, endpoint, metadata, output_expires_after })
     }
 }
 
@@ -133,6 +139,7 @@ pub async fn create_batch(
         metadata: request.metadata,
         created_at,
         expires_at: created_at + settings.completion_window.as_secs() as i64,
+        output_expires_after: request.output_expires_after.map(|after| after.seconds),
         plan: Default::default(),
     };
 

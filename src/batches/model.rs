@@ -54,6 +54,10 @@ pub struct BatchSpec {
     pub metadata: Map<String, Value>,
     pub created_at: UnixSeconds,
     pub expires_at: UnixSeconds,
+    /// Seconds after which the output and error files expire (`output_expires_after`);
+    /// `None`: the files' retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_expires_after: Option<u64>,
     /// Empty for a batch whose validation failed.
     #[serde(default)]
     pub plan: ShardPlan,

@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use super::checkpoint::{Checkpoint, ChunkKind, ShardLedger, chunk_key};
 use super::{ExecContext, ExecError};
 use crate::batches::{BatchSpec, RequestCounts, ReservedFiles};
-use crate::files::{FileRecord, NewFile, Purpose, Upload};
+use crate::files::{ExpiresAfter, FileRecord, NewFile, Purpose, Upload};
 use crate::ids::FileId;
 use crate::storage::StorageError;
 
@@ -39,23 +39,23 @@ pub async fn finalize(
                 copy_chunk(ctx, spec, shard.index, checkpoint, ChunkKind::Err, &mut seen, &mut errors).await?;
         }
     }
-    let name = |suffix: &str| Some(format!("{}_{suffix}.jsonl", spec.id));
-    let output_file_id = publish(output, counts.completed > 0, name("output"), false).await?.map(|r| r.id);
-    let error_file_id = publish(errors, counts.failed > 0, name("error"), true).await?.map(|r| r.id);
+    let file = |suffix: &str, is_error| NewFile {
+        filename: Some(format!("{}_{suffix}.jsonl", spec.id)),
+        purpose: Purpose::BatchOutput,
+        is_error,
+        expires_after: spec.output_expires_after.map(|seconds| ExpiresAfter { seconds }),
+    };
+    let output_file_id = publish(output, counts.completed > 0, file("output", false)).await?.map(|r| r.id);
+    let error_file_id = publish(errors, counts.failed > 0, file("error", true)).await?.map(|r| r.id);
     Ok(Finalized { output_file_id, error_file_id, counts })
 }
 
-async fn publish(
-    upload: Upload,
-    wanted: bool,
-    filename: Option<String>,
-    is_error: bool,
-) -> Result<Option<FileRecord>, StorageError> {
+async fn publish(upload: Upload, wanted: bool, file: NewFile) -> Result<Option<FileRecord>, StorageError> {
     if !wanted {
         upload.abort().await;
         return Ok(None);
     }
-    Ok(Some(upload.commit(NewFile { filename, purpose: Purpose::BatchOutput, is_error }).await?))
+    Ok(Some(upload.commit(file).await?))
 }
 
 /// Appends the records of one chunk whose requests were not seen yet; returns how many.

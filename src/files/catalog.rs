@@ -60,6 +60,8 @@ pub struct NewFile {
     pub filename: Option<String>,
     pub purpose: Purpose,
     pub is_error: bool,
+    /// When it expires, if not after the catalog's retention.
+    pub expires_after: Option<super::ExpiresAfter>,
 }
 
 fn meta_key(project: &ProjectId, id: &FileId) -> Key {
@@ -301,7 +303,9 @@ impl Upload {
             bytes,
             created_at,
             purpose: file.purpose,
-            expires_at: Some(created_at + self.catalog.retention.as_secs() as i64),
+            expires_at: Some(
+                created_at + file.expires_after.map_or(self.catalog.retention.as_secs(), |after| after.seconds) as i64,
+            ),
             is_error: file.is_error,
             deleted_at: None,
         };

@@ -26,6 +26,7 @@ fn batch(shards: &[u64], status: Status) -> Batch {
             metadata: Default::default(),
             created_at: 100,
             expires_at: 1000,
+            output_expires_after: None,
             plan: ShardPlan { shard_lines: 10, shards },
         },
         state,

@@ -1,5 +1,6 @@
 """The official OpenAI Python SDK configured only by its own environment variables,
-OPENAI_BASE_URL and OPENAI_API_KEY: no extra headers (run by tests/sdk_e2e.rs)."""
+OPENAI_BASE_URL and OPENAI_API_KEY: no extra headers; and the expiry options
+(`expires_after`, `output_expires_after`) as the SDK sends them (run by tests/sdk_e2e.rs)."""
 
 import json
 import os
@@ -16,17 +17,40 @@ lines = "".join(
     f'"body": {{"model": "echo", "messages": [{{"role": "user", "content": "hello {n}"}}]}}}}\n'
     for n in range(3)
 )
-uploaded = client.files.create(file=("env.jsonl", lines.encode()), purpose="batch")
+uploaded = client.files.create(
+    file=("env.jsonl", lines.encode()), purpose="batch", expires_after={"anchor": "created_at", "seconds": 86400}
+)
 assert uploaded.id in [f.id for f in client.files.list()]
-batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+assert uploaded.expires_at == uploaded.created_at + 86400, uploaded
+batch = client.batches.create(
+    input_file_id=uploaded.id,
+    endpoint="/v1/chat/completions",
+    completion_window="24h",
+    output_expires_after={"anchor": "created_at", "seconds": 7200},
+)
 deadline = time.time() + 60
 while batch.status not in ("completed", "failed", "expired", "cancelled"):
     assert time.time() < deadline, batch
     time.sleep(0.2)
     batch = client.batches.retrieve(batch.id)
 assert batch.status == "completed" and batch.request_counts.completed == 3, batch
+output_file = client.files.retrieve(batch.output_file_id)
+assert output_file.expires_at == output_file.created_at + 7200, output_file
 output = client.files.content(batch.output_file_id).text
 assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["env-0", "env-1", "env-2"], output
+
+# OpenAI's validation of the expiry options, as the SDK's typed error.
+try:
+    client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 60},
+    )
+    raise AssertionError("expected a 400")
+except openai.BadRequestError as error:
+    assert error.code == "integer_below_min_value", error.body
+    assert error.param == "output_expires_after.seconds", error.body
 
 # The key's own project, named by OpenAI(project=...): fine. Another project: refused.
 assert OpenAI(max_retries=0, project=project_id).files.retrieve(uploaded.id).id == uploaded.id
