@@ -52,6 +52,7 @@ fn batch(project: &ProjectId, state: BatchState) -> BatchResource {
         metadata: Default::default(),
         created_at: nightshift::clock::now(),
         expires_at: nightshift::clock::now() + 86_400,
+        model: None,
         output_expires_after: None,
         plan: ShardPlan {
             shard_lines: 5000,

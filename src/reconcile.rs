@@ -56,10 +56,9 @@ pub fn decide(batch: &Batch, shards: &[ShardProgress], running: &BTreeSet<u32>, 
         completed: shards.iter().map(|s| s.completed).sum(),
         failed: shards.iter().map(|s| s.failed).sum(),
     };
-    state.usage = shards.iter().fold(Usage::default(), |sum, s| Usage {
-        input_tokens: sum.input_tokens + s.usage.input_tokens,
-        output_tokens: sum.output_tokens + s.usage.output_tokens,
-        total_tokens: sum.total_tokens + s.usage.total_tokens,
+    state.usage = shards.iter().fold(Usage::default(), |mut sum, s| {
+        sum += s.usage;
+        sum
     });
     let all_recorded = shards.iter().all(ShardProgress::is_complete);
 

@@ -73,6 +73,7 @@ async fn a_valid_input_creates_an_in_progress_batch_with_every_field() {
     assert_eq!(batch["request_counts"], json!({"total": 4, "completed": 0, "failed": 0}));
     assert_eq!(batch["metadata"], metadata, "metadata is echoed unchanged");
     assert_eq!(batch["usage"]["total_tokens"], 0);
+    assert_eq!(batch["model"], "echo", "the model every line names");
 
     // The shard plan is persisted with the batch: 4 requests at 3 per shard.
     let id = BatchId::parse(batch["id"].as_str().unwrap()).unwrap();
@@ -459,6 +460,7 @@ fn old_batch(
             metadata: Default::default(),
             created_at: created,
             expires_at: created + 86_400,
+            model: None,
             output_expires_after: None,
             plan: Default::default(),
         },

@@ -405,3 +405,28 @@ async fn a_full_disk_at_finalize_is_said_on_the_batch_and_retried_until_it_compl
     let results = client.results(&batch, &custom_ids).await;
     assert_eq!(results.output.len(), 3_001);
 }
+
+/// The Batch object as the SDK types it: `model` from the input, and usage with its
+/// details summed from the upstream's answers.
+#[tokio::test]
+async fn the_batch_carries_its_model_and_usage_details() {
+    let upstream = MockUpstream::start().await;
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_with(&data, &upstream, 4, "", "");
+    let batch = client.create(&client.upload(input(&ids("u", 4), "mock-a")).await).await;
+    assert_eq!(batch["model"], "mock-a");
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["usage"],
+        serde_json::json!({
+            "input_tokens": 12, "input_tokens_details": {"cached_tokens": 4},
+            "output_tokens": 8, "output_tokens_details": {"reasoning_tokens": 4},
+            "total_tokens": 20,
+        })
+    );
+    // Lines naming different models: no single model to show.
+    let mut mixed = input(&ids("x", 1), "mock-a");
+    mixed.extend(input(&ids("y", 1), "mock-b"));
+    assert_eq!(client.create(&client.upload(mixed).await).await["model"], Value::Null);
+}

@@ -726,6 +726,7 @@ fn batch_object(name: &str) -> Value {
         metadata: Default::default(),
         created_at: 1,
         expires_at: 86_401,
+        model: None,
         output_expires_after: None,
         plan: Default::default(),
     };

@@ -139,6 +139,7 @@ pub async fn create_batch(
         metadata: request.metadata,
         created_at,
         expires_at: created_at + settings.completion_window.as_secs() as i64,
+        model: None,
         output_expires_after: request.output_expires_after.map(|after| after.seconds),
         plan: Default::default(),
     };
@@ -168,6 +169,7 @@ pub async fn create_batch(
     match verdict {
         Ok(valid) => {
             spec.plan = valid.shards;
+            spec.model = valid.model;
             let batch = Batch { spec, state: BatchState::in_progress(now, valid.requests) };
             store.insert(&batch).await?;
             tracing::info!(batch = %batch.spec.id, requests = valid.requests, shards = batch.spec.plan.shards.len(), "batch created");

@@ -54,6 +54,9 @@ pub struct BatchSpec {
     pub metadata: Map<String, Value>,
     pub created_at: UnixSeconds,
     pub expires_at: UnixSeconds,
+    /// The `body.model` every input line names, when they all name the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Seconds after which the output and error files expire (`output_expires_after`);
     /// `None`: the files' retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +79,26 @@ pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub total_tokens: u64,
+    /// Of the input tokens, those the upstream served from its prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
+    /// Of the output tokens, those spent on reasoning.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Self) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.total_tokens += other.total_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
 }
 
 /// One entry of `Batch.errors.data`.

@@ -29,6 +29,8 @@ pub struct BatchObject {
     pub cancelled_at: Option<UnixSeconds>,
     pub request_counts: RequestCounts,
     pub metadata: Map<String, Value>,
+    /// The model every input line names (OpenAI's `Batch.model`); null when they differ.
+    pub model: Option<String>,
     pub usage: UsageObject,
 }
 
@@ -82,11 +84,12 @@ impl From<&Batch> for BatchObject {
             cancelled_at: state.cancelled_at,
             request_counts: state.request_counts,
             metadata: spec.metadata.clone(),
+            model: spec.model.clone(),
             usage: UsageObject {
                 input_tokens: state.usage.input_tokens,
-                input_tokens_details: CachedTokens { cached_tokens: 0 },
+                input_tokens_details: CachedTokens { cached_tokens: state.usage.cached_tokens },
                 output_tokens: state.usage.output_tokens,
-                output_tokens_details: ReasoningTokens { reasoning_tokens: 0 },
+                output_tokens_details: ReasoningTokens { reasoning_tokens: state.usage.reasoning_tokens },
                 total_tokens: state.usage.total_tokens,
             },
         }

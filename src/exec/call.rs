@@ -20,15 +20,26 @@ pub enum LineOutcome {
     Failure(LineFailure),
 }
 
-/// The fields of a chat completion's `usage` that batches add up.
+/// The fields of a response's `usage` that batches add up: a chat completion's names,
+/// or the Responses API's (`input_tokens`, `output_tokens` and their `_details`).
 #[derive(serde::Deserialize, Default)]
 struct TokenCounts {
-    #[serde(default)]
+    #[serde(default, alias = "input_tokens")]
     prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, alias = "output_tokens")]
     completion_tokens: u64,
     #[serde(default)]
     total_tokens: u64,
+    /// Details are read leniently: one of an unexpected shape counts 0, and never costs
+    /// the line its token counts.
+    #[serde(default, alias = "input_tokens_details")]
+    prompt_tokens_details: Option<serde_json::Value>,
+    #[serde(default, alias = "output_tokens_details")]
+    completion_tokens_details: Option<serde_json::Value>,
+}
+
+fn detail(details: Option<&serde_json::Value>, name: &str) -> u64 {
+    details.and_then(|d| d.get(name)).and_then(serde_json::Value::as_u64).unwrap_or(0)
 }
 
 #[derive(serde::Deserialize)]
@@ -53,8 +64,13 @@ fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome
         0 => counts.prompt_tokens + counts.completion_tokens,
         total => total,
     };
-    let usage =
-        Usage { input_tokens: counts.prompt_tokens, output_tokens: counts.completion_tokens, total_tokens: total };
+    let usage = Usage {
+        input_tokens: counts.prompt_tokens,
+        output_tokens: counts.completion_tokens,
+        total_tokens: total,
+        cached_tokens: detail(counts.prompt_tokens_details.as_ref(), "cached_tokens"),
+        reasoning_tokens: detail(counts.completion_tokens_details.as_ref(), "reasoning_tokens"),
+    };
     LineOutcome::Success { status, request_id, body, usage }
 }
 
@@ -167,7 +183,7 @@ mod tests {
         let body: Value = serde_json::from_str(body.get()).unwrap();
         assert_eq!(body["choices"][0]["message"]["content"], "hello there world");
         assert_eq!(body["object"], "chat.completion");
-        assert_eq!(usage, Usage { input_tokens: 5, output_tokens: 3, total_tokens: 8 });
+        assert_eq!(usage, Usage { input_tokens: 5, output_tokens: 3, total_tokens: 8, ..Usage::default() });
     }
 
     #[test]
@@ -175,5 +191,29 @@ mod tests {
         assert!(matches!(success(200, None, b"[1,2]"), LineOutcome::Failure(_)));
         assert!(matches!(success(200, None, b"<html>"), LineOutcome::Failure(_)));
         assert!(matches!(success(200, None, b"{\"usage\":{\"total_tokens\":3}}"), LineOutcome::Success { .. }));
+    }
+
+    fn usage_of(body: &str) -> Usage {
+        let LineOutcome::Success { usage, .. } = success(200, None, body.as_bytes()) else { panic!("{body}") };
+        usage
+    }
+
+    #[test]
+    fn usage_details_are_read_in_either_api_shape() {
+        let chat = r#"{"usage":{"prompt_tokens":10,"completion_tokens":7,"total_tokens":17,
+            "prompt_tokens_details":{"cached_tokens":4,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":5,"accepted_prediction_tokens":0}}}"#;
+        let expected =
+            Usage { input_tokens: 10, output_tokens: 7, total_tokens: 17, cached_tokens: 4, reasoning_tokens: 5 };
+        assert_eq!(usage_of(chat), expected);
+        let responses = r#"{"usage":{"input_tokens":10,"output_tokens":7,"total_tokens":17,
+            "input_tokens_details":{"cached_tokens":4},"output_tokens_details":{"reasoning_tokens":5}}}"#;
+        assert_eq!(usage_of(responses), expected);
+        // Details absent or null (vLLM sends null): zero.
+        let plain = r#"{"usage":{"prompt_tokens":1,"completion_tokens":1,"prompt_tokens_details":null}}"#;
+        assert_eq!(usage_of(plain), Usage { input_tokens: 1, output_tokens: 1, total_tokens: 2, ..Usage::default() });
+        let odd = r#"{"usage":{"prompt_tokens":1,"completion_tokens":1,"prompt_tokens_details":3,
+            "completion_tokens_details":{"reasoning_tokens":"many"}}}"#;
+        assert_eq!(usage_of(odd).total_tokens, 2, "odd details cost nothing else");
     }
 }

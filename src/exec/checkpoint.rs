@@ -121,9 +121,7 @@ impl ShardLedger {
                 }
             }
         }
-        self.usage.input_tokens += checkpoint.usage.input_tokens;
-        self.usage.output_tokens += checkpoint.usage.output_tokens;
-        self.usage.total_tokens += checkpoint.usage.total_tokens;
+        self.usage += checkpoint.usage;
         for (code, count) in &checkpoint.codes {
             *self.codes.entry(code.clone()).or_default() += u64::from(*count);
         }
@@ -194,9 +192,7 @@ impl ChunkWriter {
     pub fn push_output_with(&mut self, index: u32, usage: Usage, write: impl FnOnce(&mut Vec<u8>)) {
         write(&mut self.out);
         self.pending.out.push(index);
-        self.pending.usage.input_tokens += usage.input_tokens;
-        self.pending.usage.output_tokens += usage.output_tokens;
-        self.pending.usage.total_tokens += usage.total_tokens;
+        self.pending.usage += usage;
     }
 
     pub fn push_error(&mut self, index: u32, code: &str, record: &[u8]) {
@@ -247,7 +243,7 @@ mod tests {
     #[test]
     fn a_ledger_counts_each_request_once() {
         let mut ledger = ShardLedger::new(4);
-        let usage = Usage { input_tokens: 1, output_tokens: 2, total_tokens: 3 };
+        let usage = Usage { input_tokens: 1, output_tokens: 2, total_tokens: 3, ..Usage::default() };
         let codes = [("rate_limit_exceeded".to_owned(), 1)].into();
         ledger.add(Arc::new(Checkpoint { seq: 0, writer: "a".into(), out: vec![0, 2], err: vec![1], usage, codes }));
         assert_eq!((ledger.completed, ledger.failed), (2, 1));

@@ -64,6 +64,7 @@ mod tests {
                     metadata: Default::default(),
                     created_at: 1,
                     expires_at: 2,
+                    model: None,
                     output_expires_after: None,
                     plan: Default::default(),
                 },

@@ -198,6 +198,7 @@ mod tests {
                     metadata: Default::default(),
                     created_at: 1,
                     expires_at: 86_401,
+                    model: None,
                     output_expires_after: None,
                     plan: Default::default(),
                 },

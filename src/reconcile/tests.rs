@@ -26,6 +26,7 @@ fn batch(shards: &[u64], status: Status) -> Batch {
             metadata: Default::default(),
             created_at: 100,
             expires_at: 1000,
+            model: None,
             output_expires_after: None,
             plan: ShardPlan { shard_lines: 10, shards },
         },
@@ -38,7 +39,7 @@ fn progress(requests: u64, completed: u64, failed: u64) -> ShardProgress {
         requests,
         completed,
         failed,
-        usage: Usage { input_tokens: completed, output_tokens: 1, total_tokens: completed + 1 },
+        usage: Usage { input_tokens: completed, output_tokens: 1, total_tokens: completed + 1, ..Usage::default() },
     }
 }
 

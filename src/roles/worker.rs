@@ -109,6 +109,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         metadata: Default::default(),
         created_at: 0,
         expires_at: args.expires_at,
+        model: None,
         output_expires_after: None,
         plan: ShardPlan::default(),
     };

@@ -19,13 +19,15 @@ pub enum Text<'a> {
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
-pub enum Body {
+pub enum Body<'a> {
     #[default]
     Missing,
     NotObject,
     Object {
         keys: usize,
         stream_true: bool,
+        /// `body.model`, for the Batch's `model`.
+        model: Text<'a>,
     },
 }
 
@@ -34,7 +36,7 @@ pub struct LineFacts<'a> {
     pub custom_id: Text<'a>,
     pub method: Text<'a>,
     pub url: Text<'a>,
-    pub body: Body,
+    pub body: Body<'a>,
 }
 
 /// Why a line is not even a JSON object.
@@ -103,7 +105,7 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "custom_id" => facts.custom_id = map.next_value::<TextSeed<'de>>()?.0,
                 "method" => facts.method = map.next_value::<TextSeed<'de>>()?.0,
                 "url" => facts.url = map.next_value::<TextSeed<'de>>()?.0,
-                "body" => facts.body = map.next_value::<BodySeed>()?.0,
+                "body" => facts.body = map.next_value::<BodySeed<'de>>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -158,9 +160,9 @@ impl<'de> Visitor<'de> for TextVisitor {
     }
 }
 
-struct BodySeed(Body);
+struct BodySeed<'a>(Body<'a>);
 
-impl<'de> serde::Deserialize<'de> for BodySeed {
+impl<'de> serde::Deserialize<'de> for BodySeed<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(BodyVisitor).map(BodySeed)
     }
@@ -169,7 +171,7 @@ impl<'de> serde::Deserialize<'de> for BodySeed {
 struct BodyVisitor;
 
 impl<'de> Visitor<'de> for BodyVisitor {
-    type Value = Body;
+    type Value = Body<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
@@ -182,16 +184,18 @@ impl<'de> Visitor<'de> for BodyVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut keys, mut stream_true) = (0, false);
+        let (mut keys, mut stream_true, mut model) = (0, false, Text::Missing);
         while let Some(key) = map.next_key::<Key<'de>>()? {
             keys += 1;
-            if key.0 == "stream" {
-                stream_true = map.next_value::<IsTrue>()?.0;
-            } else {
-                map.next_value::<IgnoredAny>()?;
+            match key.0.as_ref() {
+                "stream" => stream_true = map.next_value::<IsTrue>()?.0,
+                "model" => model = map.next_value::<TextSeed<'de>>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        Ok(Body::Object { keys, stream_true })
+        Ok(Body::Object { keys, stream_true, model })
     }
 }
 

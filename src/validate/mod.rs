@@ -15,7 +15,7 @@ pub use rules::{
 };
 pub use shards::{Shard, ShardPlan};
 
-use line::LineFacts;
+use line::{Body, LineFacts, Text};
 use rules::CustomIds;
 use shards::ShardPlanner;
 
@@ -28,7 +28,36 @@ pub struct ValidInput {
     pub requests: u64,
     /// The url shared by every line.
     pub url: String,
+    /// The `body.model` shared by every line, if they all name the same one.
+    pub model: Option<String>,
     pub shards: ShardPlan,
+}
+
+/// The models the lines named so far.
+#[derive(Debug, Default)]
+enum Models {
+    #[default]
+    None,
+    One(String),
+    /// Lines differ, or one names none.
+    Mixed,
+}
+
+impl Models {
+    fn add(&mut self, model: &Text<'_>) {
+        *self = match (std::mem::take(self), model) {
+            (Self::None, Text::Value(model)) => Self::One(model.clone().into_owned()),
+            (Self::One(seen), Text::Value(model)) if seen == *model => Self::One(seen),
+            _ => Self::Mixed,
+        };
+    }
+
+    fn single(self) -> Option<String> {
+        match self {
+            Self::One(model) => Some(model),
+            Self::None | Self::Mixed => None,
+        }
+    }
 }
 
 pub struct Validator {
@@ -42,6 +71,7 @@ pub struct Validator {
     line_number: u64,
     requests: u64,
     url: Option<String>,
+    models: Models,
     custom_ids: CustomIds,
     planner: ShardPlanner,
     failed: Option<InvalidInput>,
@@ -64,6 +94,7 @@ impl Validator {
             line_number: 0,
             requests: 0,
             url: None,
+            models: Models::default(),
             custom_ids: CustomIds::default(),
             planner: ShardPlanner::new(shard_lines.max(1)),
             failed: None,
@@ -119,7 +150,8 @@ impl Validator {
             return Err(InvalidInput::no_lines());
         }
         let url = self.url.take().unwrap_or_default();
-        Ok(ValidInput { requests: self.requests, url, shards: self.planner.finish() })
+        let model = std::mem::take(&mut self.models).single();
+        Ok(ValidInput { requests: self.requests, url, model, shards: self.planner.finish() })
     }
 
     fn remember(&mut self, result: Result<(), InvalidInput>) -> Result<(), InvalidInput> {
@@ -164,6 +196,10 @@ impl Validator {
         }
         let facts = LineFacts::read(line).map_err(|shape| InvalidInput::bad_line(n, shape))?;
         rules::check(&facts, n, &mut self.custom_ids, &mut self.url, &self.endpoint, self.allowed_urls)?;
+        match &facts.body {
+            Body::Object { model, .. } => self.models.add(model),
+            _ => self.models.add(&Text::Missing),
+        }
         self.planner.add(start, end);
         self.requests += 1;
         Ok(())

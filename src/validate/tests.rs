@@ -353,3 +353,16 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn the_model_is_kept_when_every_line_names_the_same_one() {
+    let model = |lines: &[String]| validate(&file(lines), URL, 5000).unwrap().model;
+    assert_eq!(model(&[line("a"), line("b")]).as_deref(), Some("m"));
+    let other = line("b").replace("\"model\":\"m\"", "\"model\":\"n\"");
+    assert_eq!(model(&[line("a"), other]), None, "different models");
+    let none = line("b").replace("\"model\":\"m\",", "");
+    assert_eq!(model(&[line("a"), none.clone()]), None, "a line without one");
+    assert_eq!(model(&[none]), None);
+    let escaped = line("a").replace("\"model\":\"m\"", r#""model":"m\u0031""#);
+    assert_eq!(model(&[escaped]).as_deref(), Some("m1"), "escapes are decoded");
+}

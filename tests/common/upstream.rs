@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 
 #[derive(Clone, Debug)]
 pub enum Answer {
-    /// 200 with a chat completion (3 prompt + 2 completion tokens).
+    /// 200 with a chat completion (3 prompt tokens, 1 of them cached, + 2 completion
+    /// tokens, 1 of them reasoning).
     Ok,
     /// Any status with this body.
     Status(u16, &'static str),
@@ -146,7 +147,9 @@ async fn complete(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
                 "created": 1_736_295_000,
                 "model": request["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer to {line}")}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                          "prompt_tokens_details": {"cached_tokens": 1},
+                          "completion_tokens_details": {"reasoning_tokens": 1}},
                 "system_fingerprint": null,
             });
             (
