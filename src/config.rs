@@ -242,6 +242,11 @@ pub struct BatchesConfig {
     /// How long lines in flight may take to finish after a cancel or expiry.
     #[serde(default = "default_cancel_grace", deserialize_with = "duration::deserialize_precise")]
     pub cancel_grace: Duration,
+    /// The endpoints batches may target: `/v1/chat/completions` (the spec's only one, the
+    /// default), and any of `/v1/embeddings`, `/v1/completions`, `/v1/responses` and
+    /// `/v1/moderations`. Each line goes to the same path on its upstream.
+    #[serde(default = "default_endpoints")]
+    pub endpoints: Vec<String>,
     /// How long `serve` keeps a finished batch (completed, failed, expired or cancelled,
     /// refused creates among them) after it finished; then it is removed, at the pace of
     /// `files.gc_interval`. Its tokens stay counted against its project's quota.
@@ -260,6 +265,10 @@ pub struct BatchesConfig {
     /// an `internal_error` record and the batch finishes.
     #[serde(default = "default_max_shard_retries")]
     pub max_shard_retries: u32,
+}
+
+fn default_endpoints() -> Vec<String> {
+    vec!["/v1/chat/completions".to_owned()]
 }
 
 fn default_max_shard_retries() -> u32 {
@@ -304,6 +313,7 @@ impl Default for BatchesConfig {
             max_running_shards: None,
             max_shard_retries: default_max_shard_retries(),
             retention: default_retention(),
+            endpoints: default_endpoints(),
         }
     }
 }
@@ -547,6 +557,15 @@ impl Config {
         if self.batches.shard_lines == 0 {
             return invalid("batches.shard_lines must be at least 1".into());
         }
+        if self.batches.endpoints.is_empty() {
+            return invalid("batches.endpoints must name at least one endpoint".into());
+        }
+        if let Err(unknown) = crate::validate::Endpoints::from_urls(&self.batches.endpoints) {
+            return invalid(format!(
+                "batches.endpoints: {unknown:?} is not a batchable endpoint (any of {})",
+                crate::validate::BATCHABLE_URLS.join(", ")
+            ));
+        }
         if self.batches.max_running_shards == Some(0) {
             return invalid("batches.max_running_shards must be at least 1".into());
         }
@@ -611,6 +630,9 @@ batches:
                       {id: 0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10, api_keys: [{plain: b}, {plain: a}]}]";
         let error = Config::from_yaml(shared).unwrap_err().to_string();
         assert!(error.contains("share an api key"), "{error}");
+        let error = Config::from_yaml("batches: {endpoints: [/v1/images/generations]}").unwrap_err().to_string();
+        assert!(error.contains("is not a batchable endpoint"), "{error}");
+        assert!(Config::from_yaml("batches: {endpoints: []}").is_err());
         let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";
         assert!(Config::from_yaml(bad_id).is_err());
         assert!(Config::from_yaml("batches: {completion_window: soon}").is_err());

@@ -430,3 +430,62 @@ async fn the_batch_carries_its_model_and_usage_details() {
     mixed.extend(input(&ids("y", 1), "mock-b"));
     assert_eq!(client.create(&client.upload(mixed).await).await["model"], Value::Null);
 }
+
+/// `batches.endpoints` enables more than chat completions: each line goes to the same
+/// path on its upstream (or the echo model answers in that endpoint's shape), and usage
+/// adds up from each endpoint's own usage shape.
+#[tokio::test]
+async fn enabled_endpoints_run_against_the_same_path_upstream_with_their_usage() {
+    let upstream = MockUpstream::start().await;
+    let data = TempDir::new().unwrap();
+    let endpoints =
+        "  endpoints: [/v1/chat/completions, /v1/embeddings, /v1/completions, /v1/responses, /v1/moderations]\n";
+    let (_serve, client) = serve_with(&data, &upstream, 4, "", endpoints);
+    let line = |url: &str, id: &str, model: &str| {
+        let body = match url {
+            "/v1/embeddings" | "/v1/moderations" | "/v1/responses" => serde_json::json!({"model": model, "input": id}),
+            _ => serde_json::json!({"model": model, "prompt": id}),
+        };
+        format!("{}\n", serde_json::json!({"custom_id": id, "method": "POST", "url": url, "body": body}))
+    };
+    // (endpoint, model, expected usage of 3 lines: input, output, total, cached, reasoning)
+    for (url, model, usage) in [
+        ("/v1/embeddings", "mock-e", [9, 0, 9, 0, 0]),
+        ("/v1/completions", "mock-c", [9, 6, 15, 0, 0]),
+        ("/v1/responses", "mock-r", [9, 6, 15, 3, 3]),
+        ("/v1/moderations", "mock-m", [0, 0, 0, 0, 0]),
+        ("/v1/embeddings", "echo", [6, 0, 6, 0, 0]),
+    ] {
+        let ids: Vec<String> = (0..3).map(|n| format!("{}-{model}-{n} word", &url[4..])).collect();
+        let input: String = ids.iter().map(|id| line(url, id, model)).collect();
+        let (status, batch) = client.try_create_for(&client.upload(input.into_bytes()).await, url).await;
+        assert_eq!(status, 200, "{batch}");
+        let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+        assert_eq!(batch["status"], "completed", "{batch}");
+        assert_eq!(batch["request_counts"]["completed"], 3, "{url} {model}: {batch}");
+        let got = &batch["usage"];
+        let got = [
+            &got["input_tokens"],
+            &got["output_tokens"],
+            &got["total_tokens"],
+            &got["input_tokens_details"]["cached_tokens"],
+            &got["output_tokens_details"]["reasoning_tokens"],
+        ]
+        .map(|v| v.as_u64().unwrap());
+        assert_eq!(got, usage, "{url} {model}");
+        let results = client.results(&batch, &ids).await;
+        let body = &results.output[&ids[0]]["response"]["body"];
+        let shape = match url {
+            "/v1/embeddings" => body["data"][0]["embedding"].is_array(),
+            "/v1/completions" => body["object"] == "text_completion",
+            "/v1/responses" => body["object"] == "response",
+            _ => body["results"].is_array(),
+        };
+        assert!(shape, "{url} {model}: {body}");
+    }
+    let paths = upstream.paths();
+    for url in ["/v1/embeddings", "/v1/completions", "/v1/responses", "/v1/moderations"] {
+        assert_eq!(paths.get(url), Some(&3), "{url}: {paths:?}");
+    }
+    assert_eq!(paths.get("/v1/chat/completions"), None);
+}

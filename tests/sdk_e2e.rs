@@ -73,11 +73,14 @@ async fn the_sdk_creates_retrieves_lists_runs_and_cancels_batches() {
 }
 
 /// `OpenAI()` with only `OPENAI_BASE_URL` and `OPENAI_API_KEY` set: the bearer key names
-/// its project, no extra header needed.
+/// its project, no extra header needed; expiry options; an embeddings batch.
 #[test]
 fn the_sdk_works_configured_only_by_its_environment_variables() {
     let data = TempDir::new().unwrap();
-    let serve = Serve::start(data.path(), &[]);
+    // No projects configured (the dev project), and embeddings enabled for batches.
+    let config = data.path().join("endpoints.yaml");
+    std::fs::write(&config, "batches:\n  endpoints: [/v1/chat/completions, /v1/embeddings]\n").unwrap();
+    let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
     let root = env!("CARGO_MANIFEST_DIR");
     let output = Command::new(common::tools::python())
         .arg(format!("{root}/tests/e2e/env_sdk.py"))

@@ -12,7 +12,7 @@ use crate::clock;
 use crate::files::{ExpiresAfter, ExpiryError, FileCatalog, Purpose, expiry};
 use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
-use crate::validate::{self, InvalidInput, Validator};
+use crate::validate::{self, Endpoints, InvalidInput, Validator};
 
 /// The only completion window the API accepts and reports.
 pub const COMPLETION_WINDOW: &str = "24h";
@@ -24,6 +24,19 @@ pub struct BatchSettings {
     /// How long a batch may run; the API still says "24h".
     pub completion_window: Duration,
     pub shard_lines: u32,
+    /// The endpoints batches may target (`batches.endpoints`).
+    pub endpoints: Endpoints,
+}
+
+impl BatchSettings {
+    pub fn from_config(config: &crate::config::BatchesConfig) -> Self {
+        Self {
+            completion_window: config.completion_window,
+            shard_lines: config.shard_lines,
+            // Config::check has refused any other name.
+            endpoints: Endpoints::from_urls(&config.endpoints).unwrap_or_default(),
+        }
+    }
 }
 
 /// A create request whose fields passed the request checks.
@@ -154,7 +167,7 @@ pub async fn create_batch(
             }
             Err(error) => return Err(error.into()),
         };
-        let mut validator = Validator::new(&spec.endpoint, settings.shard_lines);
+        let mut validator = Validator::with_endpoints(&spec.endpoint, settings.shard_lines, settings.endpoints);
         let mut fed = Ok(());
         while let Some(chunk) = content.next().await {
             fed = validator.feed(&chunk?);

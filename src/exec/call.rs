@@ -5,7 +5,6 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use super::backoff::{Backoff, parse_retry_after};
 use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
@@ -50,7 +49,7 @@ struct UsageOnly {
 
 /// A 2xx answer: its body must be one JSON object, kept byte for byte; its `usage`
 /// is read on the way (one validating pass, one targeted one, no tree built).
-fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome {
+pub(super) fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome {
     let Ok(text) = std::str::from_utf8(bytes) else { return LineOutcome::Failure(bad_upstream_body(status)) };
     let text = text.trim();
     if !text.starts_with('{') {
@@ -76,11 +75,12 @@ fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> LineOutcome
 
 /// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
 /// up to [`ATTEMPTS`] attempts in all.
-pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, body: Bytes) -> LineOutcome {
+pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> LineOutcome {
+    let url = upstream.url_for(endpoint);
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
         let mut request = client
-            .post(upstream.url.clone())
+            .post(url.clone())
             .timeout(upstream.timeout)
             .header("content-type", "application/json")
             .body(body.clone());
@@ -139,52 +139,9 @@ fn describe(upstream: &Upstream, error: &reqwest::Error) -> String {
     format!("upstream {} {what}", upstream.name)
 }
 
-/// The built-in `echo` model: answers at once with the last user message, as a real
-/// chat completion would be shaped, counting words as tokens.
-pub fn echo(body: &[u8]) -> LineOutcome {
-    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let messages = request.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
-    let text = |message: &Value| match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(other) => other.to_string(),
-        None => String::new(),
-    };
-    let reply = messages
-        .iter()
-        .rev()
-        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map(text)
-        .unwrap_or_default();
-    let prompt_tokens: usize = messages.iter().map(|m| text(m).split_whitespace().count()).sum();
-    let completion_tokens = reply.split_whitespace().count();
-    let id = crate::ids::RequestId::generate();
-    let response = json!({
-        "id": format!("chatcmpl-{}", &id.as_str()[4..]),
-        "object": "chat.completion",
-        "created": crate::clock::now(),
-        "model": request.get("model").cloned().unwrap_or(Value::Null),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop", "logprobs": null}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
-        "system_fingerprint": null,
-    });
-    success(200, Some(id.to_string()), response.to_string().as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn echo_answers_with_the_last_user_message_and_counts_tokens() {
-        let body = br#"{"model":"echo","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there world"}]}"#;
-        let LineOutcome::Success { status, body, usage, request_id } = echo(body) else { panic!("echo failed") };
-        assert_eq!(status, 200);
-        assert!(request_id.unwrap().starts_with("req_"));
-        let body: Value = serde_json::from_str(body.get()).unwrap();
-        assert_eq!(body["choices"][0]["message"]["content"], "hello there world");
-        assert_eq!(body["object"], "chat.completion");
-        assert_eq!(usage, Usage { input_tokens: 5, output_tokens: 3, total_tokens: 8, ..Usage::default() });
-    }
 
     #[test]
     fn two_hundreds_that_are_not_json_objects_fail_the_line() {

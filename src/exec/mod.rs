@@ -7,6 +7,7 @@ pub mod call;
 pub mod checkpoint;
 pub mod classify;
 pub mod drain;
+pub mod echo;
 pub mod failure;
 pub mod finalize;
 pub mod input;

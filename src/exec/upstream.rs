@@ -10,11 +10,13 @@ use tokio::sync::Semaphore;
 use super::backoff::Backoff;
 use super::limiter::Limiter;
 use crate::config::UpstreamConfig;
+use crate::validate::BATCHABLE_URLS;
 
 pub struct Upstream {
     pub name: String,
-    /// `<base_url>/chat/completions`, parsed once rather than on every request.
-    pub url: reqwest::Url,
+    /// `<base_url>/chat/completions` and the other batchable paths, in the order of
+    /// [`BATCHABLE_URLS`], parsed once rather than on every request.
+    urls: Vec<reqwest::Url>,
     pub api_key: Option<String>,
     models: Vec<String>,
     pub limiter: Arc<Limiter>,
@@ -28,6 +30,13 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// Where a line of a batch for `endpoint` (`/v1/embeddings`) goes: the same path
+    /// under the upstream's base URL.
+    pub fn url_for(&self, endpoint: &str) -> &reqwest::Url {
+        let position = BATCHABLE_URLS.iter().position(|url| *url == endpoint).unwrap_or(0);
+        &self.urls[position]
+    }
+
     fn serves(&self, model: &str) -> bool {
         self.models.iter().any(|pattern| match pattern.strip_suffix('*') {
             Some(prefix) => model.starts_with(prefix),
@@ -69,13 +78,17 @@ impl Upstreams {
                 })?),
                 None => None,
             };
-            let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-            let url = reqwest::Url::parse(&url).map_err(|error| {
-                format!("upstream {}: base_url {:?} is not a URL: {error}", config.name, config.base_url)
-            })?;
+            let base = config.base_url.trim_end_matches('/');
+            let urls = BATCHABLE_URLS
+                .iter()
+                .map(|path| reqwest::Url::parse(&format!("{base}{}", path.trim_start_matches("/v1"))))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| {
+                    format!("upstream {}: base_url {:?} is not a URL: {error}", config.name, config.base_url)
+                })?;
             upstreams.push(Upstream {
                 name: config.name.clone(),
-                url,
+                urls,
                 api_key,
                 models: config.models.clone(),
                 limiter: Arc::new(Limiter::new(if granted { 0 } else { config.max_concurrency as u32 })),

@@ -12,9 +12,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::call::{LineOutcome, call_upstream, echo};
+use super::call::{LineOutcome, call_upstream};
 use super::checkpoint::{ChunkWriter, ShardLedger};
 use super::classify::{Step, classify};
+use super::echo::echo;
 use super::failure;
 use super::input::RequestLines;
 use super::records::{error_line, line_id, write_output_line};
@@ -236,7 +237,7 @@ async fn next_grant(grants: &mut Option<tokio::sync::watch::Receiver<(u64, bool)
 /// checked at the last moment, once the lines before have charged theirs.
 fn launch<'a>(
     ctx: &'a ExecContext,
-    spec: &BatchSpec,
+    spec: &'a BatchSpec,
     shard: &Shard,
     writer: &mut ChunkWriter,
     in_flight: &mut FuturesUnordered<InFlight<'a>>,
@@ -254,8 +255,10 @@ fn launch<'a>(
     }
     in_flight.push(Box::pin(async move {
         let outcome = match request.upstream {
-            Some(position) => call_upstream(&ctx.client, ctx.upstreams.get(position), request.body).await,
-            None => echo(&request.body),
+            Some(position) => {
+                call_upstream(&ctx.client, ctx.upstreams.get(position), &spec.endpoint, request.body).await
+            }
+            None => echo(&spec.endpoint, &request.body),
         };
         Done { index: request.index, custom_id: request.custom_id, outcome, upstream: request.upstream, permit }
     }));

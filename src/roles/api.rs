@@ -63,10 +63,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         projects: directory,
         files: files.clone(),
         batches: batches.clone(),
-        batch_settings: BatchSettings {
-            completion_window: config.batches.completion_window,
-            shard_lines: config.batches.shard_lines,
-        },
+        batch_settings: BatchSettings::from_config(&config.batches),
         quota,
         // The controller watches Batches: nothing to wake.
         wake: Arc::new(Notify::new()),

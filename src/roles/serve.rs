@@ -46,10 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),
         batches: batches.clone(),
-        batch_settings: BatchSettings {
-            completion_window: config.batches.completion_window,
-            shard_lines: config.batches.shard_lines,
-        },
+        batch_settings: BatchSettings::from_config(&config.batches),
         quota,
         wake: runner.waker(),
         // One process on one machine: no load balancer to leave, stop at once.

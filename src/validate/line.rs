@@ -28,6 +28,9 @@ pub enum Body<'a> {
         stream_true: bool,
         /// `body.model`, for the Batch's `model`.
         model: Text<'a>,
+        /// Whether `body.input` and `body.prompt` are there (and not null).
+        input: bool,
+        prompt: bool,
     },
 }
 
@@ -184,18 +187,20 @@ impl<'de> Visitor<'de> for BodyVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut keys, mut stream_true, mut model) = (0, false, Text::Missing);
+        let (mut keys, mut stream_true, mut model, mut input, mut prompt) = (0, false, Text::Missing, false, false);
         while let Some(key) = map.next_key::<Key<'de>>()? {
             keys += 1;
             match key.0.as_ref() {
                 "stream" => stream_true = map.next_value::<IsTrue>()?.0,
                 "model" => model = map.next_value::<TextSeed<'de>>()?.0,
+                "input" => input = !map.next_value::<IsNull>()?.0,
+                "prompt" => prompt = !map.next_value::<IsNull>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(Body::Object { keys, stream_true, model })
+        Ok(Body::Object { keys, stream_true, model, input, prompt })
     }
 }
 
@@ -234,6 +239,52 @@ impl<'de> Visitor<'de> for IsTrueVisitor {
     }
     fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
         Ok(false)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+}
+
+/// Whether a value is JSON `null`; anything else is skipped without being built.
+struct IsNull(bool);
+
+impl<'de> serde::Deserialize<'de> for IsNull {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IsNullVisitor).map(IsNull)
+    }
+}
+
+struct IsNullVisitor;
+
+impl<'de> Visitor<'de> for IsNullVisitor {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(true)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}

@@ -11,7 +11,8 @@ mod rules;
 mod shards;
 
 pub use rules::{
-    ALLOWED_URLS, InvalidInput, MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_LINES, endpoint_mismatch, file_too_large,
+    BATCHABLE_URLS, Endpoints, InvalidInput, MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_LINES, endpoint_mismatch,
+    file_too_large,
 };
 pub use shards::{Shard, ShardPlan};
 
@@ -62,7 +63,7 @@ impl Models {
 
 pub struct Validator {
     endpoint: String,
-    allowed_urls: &'static [&'static str],
+    allowed: Endpoints,
     /// The unfinished line carried between chunks.
     pending: Vec<u8>,
     /// Bytes consumed before `pending` starts.
@@ -81,14 +82,14 @@ impl Validator {
     /// A validator for a batch created with this `endpoint`, cutting shards of
     /// `shard_lines` requests.
     pub fn new(endpoint: &str, shard_lines: u32) -> Self {
-        Self::with_allowed_urls(endpoint, shard_lines, ALLOWED_URLS)
+        Self::with_endpoints(endpoint, shard_lines, Endpoints::default())
     }
 
-    /// As [`Validator::new`], with another set of batchable urls.
-    pub fn with_allowed_urls(endpoint: &str, shard_lines: u32, allowed_urls: &'static [&'static str]) -> Self {
+    /// As [`Validator::new`], with other endpoints enabled (`batches.endpoints`).
+    pub fn with_endpoints(endpoint: &str, shard_lines: u32, allowed: Endpoints) -> Self {
         Self {
             endpoint: endpoint.to_owned(),
-            allowed_urls,
+            allowed,
             pending: Vec::new(),
             offset: 0,
             line_number: 0,
@@ -195,7 +196,7 @@ impl Validator {
             return Err(InvalidInput::too_many_lines());
         }
         let facts = LineFacts::read(line).map_err(|shape| InvalidInput::bad_line(n, shape))?;
-        rules::check(&facts, n, &mut self.custom_ids, &mut self.url, &self.endpoint, self.allowed_urls)?;
+        rules::check(&facts, n, &mut self.custom_ids, &mut self.url, &self.endpoint, self.allowed)?;
         match &facts.body {
             Body::Object { model, .. } => self.models.add(model),
             _ => self.models.add(&Text::Missing),

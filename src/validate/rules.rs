@@ -9,8 +9,52 @@ use super::line::{Body, LineFacts, Shape, Text};
 pub const MAX_FILE_BYTES: u64 = 200 * 1024 * 1024;
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 pub const MAX_LINES: u64 = 50_000;
-/// The batchable endpoints (supported-endpoints.txt).
-pub const ALLOWED_URLS: &[&str] = &["/v1/chat/completions"];
+/// Every endpoint a batch may target; only the first is enabled unless the configuration
+/// (`batches.endpoints`) enables others (supported-endpoints.txt names the first alone).
+pub const BATCHABLE_URLS: [&str; 5] =
+    ["/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses", "/v1/moderations"];
+
+/// The fields a line's body must hold for its endpoint, beyond being a non-empty object.
+/// Chat completions keep the spec's checks alone.
+pub fn required_body_fields(url: &str) -> &'static [&'static str] {
+    match url {
+        "/v1/embeddings" => &["model", "input"],
+        "/v1/completions" => &["model", "prompt"],
+        "/v1/responses" => &["model", "input"],
+        "/v1/moderations" => &["input"],
+        _ => &[],
+    }
+}
+
+/// The endpoints enabled for batches, a subset of [`BATCHABLE_URLS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoints(u8);
+
+impl Default for Endpoints {
+    /// The spec's: chat completions only.
+    fn default() -> Self {
+        Self(1)
+    }
+}
+
+impl Endpoints {
+    /// The endpoints named, or the first name that is no batchable endpoint.
+    pub fn from_urls<S: AsRef<str>>(urls: &[S]) -> Result<Self, String> {
+        let mut bits = 0;
+        for url in urls {
+            let position = BATCHABLE_URLS
+                .iter()
+                .position(|known| *known == url.as_ref())
+                .ok_or_else(|| url.as_ref().to_owned())?;
+            bits |= 1 << position;
+        }
+        Ok(Self(bits))
+    }
+
+    pub fn allows(self, url: &str) -> bool {
+        BATCHABLE_URLS.iter().position(|known| *known == url).is_some_and(|position| self.0 & (1 << position) != 0)
+    }
+}
 
 /// Why an input file was refused: the message of the spec's table, with the 1-based
 /// line it is about and the parameter it names, where those mean something.
@@ -93,7 +137,7 @@ pub fn check(
     custom_ids: &mut CustomIds,
     batch_url: &mut Option<String>,
     endpoint: &str,
-    allowed_urls: &[&str],
+    allowed: Endpoints,
 ) -> Result<(), InvalidInput> {
     let custom_id = match &facts.custom_id {
         Text::Value(id) if !id.is_empty() => id,
@@ -127,7 +171,7 @@ pub fn check(
         }
         Some(_) => {}
         None => {
-            if !allowed_urls.contains(&url.as_ref()) {
+            if !allowed.allows(url) {
                 return Err(InvalidInput::at(
                     n,
                     format!("Line {n} url \"{url}\" is not an allowed batch endpoint"),
@@ -149,6 +193,26 @@ pub fn check(
             format!("Line {n} has stream=true; streaming is not supported in batch mode"),
             Some("body.stream"),
         )),
-        Body::Object { .. } => Ok(()),
+        Body::Object { ref model, input, prompt, .. } => {
+            for &field in required_body_fields(url) {
+                let present = match field {
+                    "model" => matches!(model, Text::Value(_)),
+                    "input" => input,
+                    _ => prompt,
+                };
+                if !present {
+                    return Err(InvalidInput::at(
+                        n,
+                        format!("Line {n} body is missing {field}, which {url} requires"),
+                        Some(match field {
+                            "model" => "body.model",
+                            "input" => "body.input",
+                            _ => "body.prompt",
+                        }),
+                    ));
+                }
+            }
+            Ok(())
+        }
     }
 }

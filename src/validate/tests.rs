@@ -191,10 +191,10 @@ fn a_url_that_is_not_batchable_is_refused() {
 
 #[test]
 fn lines_that_disagree_on_url_are_refused() {
-    static TWO: &[&str] = &["/v1/chat/completions", "/v1/embeddings"];
+    let two = Endpoints::from_urls(&["/v1/chat/completions", "/v1/embeddings"]).unwrap();
     let other = line("b").replace(URL, "/v1/embeddings");
     let input = file(&[line("a"), other]);
-    let mut validator = Validator::with_allowed_urls(URL, 5000, TWO);
+    let mut validator = Validator::with_endpoints(URL, 5000, two);
     let error = validator.feed(&input).err().or_else(|| validator.finish().err()).unwrap();
     assert_eq!(
         error.message,
@@ -365,4 +365,74 @@ fn the_model_is_kept_when_every_line_names_the_same_one() {
     assert_eq!(model(&[none]), None);
     let escaped = line("a").replace("\"model\":\"m\"", r#""model":"m\u0031""#);
     assert_eq!(model(&[escaped]).as_deref(), Some("m1"), "escapes are decoded");
+}
+
+fn endpoint_line(url: &str, body: &str) -> String {
+    format!(r#"{{"custom_id":"a","method":"POST","url":"{url}","body":{body}}}"#)
+}
+
+#[test]
+fn enabled_endpoints_check_their_essential_body_fields() {
+    let all = Endpoints::from_urls(&BATCHABLE_URLS).unwrap();
+    let check = |url: &str, body: &str| {
+        let mut validator = Validator::with_endpoints(url, 5000, all);
+        validator.feed(format!("{}\n", endpoint_line(url, body)).as_bytes()).and_then(|()| validator.finish())
+    };
+    for (url, body) in [
+        ("/v1/embeddings", r#"{"model":"e","input":"hello"}"#),
+        ("/v1/embeddings", r#"{"model":"e","input":["a","b"]}"#),
+        ("/v1/completions", r#"{"model":"c","prompt":"once upon"}"#),
+        ("/v1/responses", r#"{"model":"r","input":[{"role":"user","content":"hi"}]}"#),
+        ("/v1/moderations", r#"{"input":"text"}"#),
+    ] {
+        assert!(check(url, body).is_ok(), "{url} {body}");
+    }
+    for (url, body, message, param) in [
+        (
+            "/v1/embeddings",
+            r#"{"model":"e"}"#,
+            "Line 1 body is missing input, which /v1/embeddings requires",
+            "body.input",
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"model":"e","input":null}"#,
+            "Line 1 body is missing input, which /v1/embeddings requires",
+            "body.input",
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"input":"x"}"#,
+            "Line 1 body is missing model, which /v1/embeddings requires",
+            "body.model",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"c"}"#,
+            "Line 1 body is missing prompt, which /v1/completions requires",
+            "body.prompt",
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"r","input":"hi","stream":true}"#,
+            "Line 1 has stream=true; streaming is not supported in batch mode",
+            "body.stream",
+        ),
+        (
+            "/v1/moderations",
+            r#"{"model":"m"}"#,
+            "Line 1 body is missing input, which /v1/moderations requires",
+            "body.input",
+        ),
+    ] {
+        let error = check(url, body).unwrap_err();
+        assert_eq!((error.message.as_str(), error.param), (message, Some(param)), "{url} {body}");
+    }
+    // Not enabled (the default): the spec's message.
+    let mut validator = Validator::new("/v1/embeddings", 5000);
+    let error = validator
+        .feed(format!("{}\n", endpoint_line("/v1/embeddings", r#"{"model":"e","input":"x"}"#)).as_bytes())
+        .unwrap_err();
+    assert_eq!(error.message, "Line 1 url \"/v1/embeddings\" is not an allowed batch endpoint");
+    assert_eq!(Endpoints::from_urls(&["/v1/images"]), Err("/v1/images".to_owned()));
 }

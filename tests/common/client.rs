@@ -42,7 +42,12 @@ impl Client {
 
     /// Creates a batch; returns the status code and the body.
     pub async fn try_create(&self, file_id: &str) -> (u16, Value) {
-        let body = json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        self.try_create_for(file_id, "/v1/chat/completions").await
+    }
+
+    /// Creates a batch for `endpoint`; returns the status code and the body.
+    pub async fn try_create_for(&self, file_id: &str, endpoint: &str) -> (u16, Value) {
+        let body = json!({"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"});
         let response = self.request(reqwest::Method::POST, "/v1/batches").json(&body).send().await.unwrap();
         (response.status().as_u16(), response.json().await.unwrap())
     }

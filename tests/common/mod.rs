@@ -201,7 +201,11 @@ impl TestApp {
             projects: Arc::new(nightshift::auth::ProjectDirectory::new(projects)),
             files: files.clone(),
             batches: batches.clone(),
-            batch_settings: BatchSettings { completion_window: Duration::from_secs(86_400), shard_lines: 3 },
+            batch_settings: BatchSettings {
+                completion_window: Duration::from_secs(86_400),
+                shard_lines: 3,
+                endpoints: Default::default(),
+            },
             drain: Default::default(),
             uploads: Arc::new(tokio::sync::Semaphore::new(64)),
             limits: Arc::new(api::limits::RateLimits::new(&Default::default())),

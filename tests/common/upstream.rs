@@ -1,9 +1,10 @@
 //! A scriptable OpenAI-compatible upstream, served on 127.0.0.1 (or an address pods reach) by the test process:
-//! `POST /v1/chat/completions` answers per line as the test scripted it (status
-//! codes, delays, flaky attempts, Retry-After, hangs), and counts every call.
+//! `POST /v1/chat/completions` (and `/v1/embeddings`, `/v1/completions`, `/v1/responses`,
+//! `/v1/moderations`, each answered in its shape) answers per line as the test scripted
+//! it (status codes, delays, flaky attempts, Retry-After, hangs), and counts every call.
 //!
-//! A line is recognised by the content of its last message, which tests set to the
-//! line's custom_id.
+//! A line is recognised by the content of its last message (or its `input` or `prompt`
+//! string), which tests set to the line's custom_id.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -42,6 +43,7 @@ struct Script {
 struct Shared {
     script: Mutex<Script>,
     calls: Mutex<HashMap<String, u32>>,
+    paths: Mutex<HashMap<String, u32>>,
     total: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
@@ -62,7 +64,7 @@ impl MockUpstream {
     /// On `host` (an address pods reach, for the real node).
     pub async fn start_on(host: std::net::Ipv4Addr) -> Self {
         let shared = Arc::new(Shared::default());
-        let app = Router::new().route("/v1/chat/completions", post(complete)).with_state(shared.clone());
+        let app = Router::new().route("/v1/{*path}", post(complete)).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
         let address = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -83,6 +85,11 @@ impl MockUpstream {
 
     pub fn calls(&self, line: &str) -> u32 {
         self.shared.calls.lock().unwrap().get(line).copied().unwrap_or(0)
+    }
+
+    /// Calls by path (`/v1/embeddings`).
+    pub fn paths(&self) -> HashMap<String, u32> {
+        self.shared.paths.lock().unwrap().clone()
     }
 
     pub fn all_calls(&self) -> HashMap<String, u32> {
@@ -111,14 +118,22 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn complete(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn complete(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let line = request["messages"]
         .as_array()
         .and_then(|m| m.last())
         .and_then(|m| m["content"].as_str())
+        .or_else(|| request["input"].as_str())
+        .or_else(|| request["prompt"].as_str())
         .unwrap_or("")
         .to_owned();
+    *shared.paths.lock().unwrap().entry(format!("/v1/{path}")).or_default() += 1;
     let attempt = {
         let mut calls = shared.calls.lock().unwrap();
         let count = calls.entry(line.clone()).or_default();
@@ -141,17 +156,43 @@ async fn complete(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
     let _ = headers;
     match answer {
         Answer::Ok => {
-            let completion = json!({
-                "id": format!("chatcmpl-{number}"),
-                "object": "chat.completion",
-                "created": 1_736_295_000,
-                "model": request["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer to {line}")}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                          "prompt_tokens_details": {"cached_tokens": 1},
-                          "completion_tokens_details": {"reasoning_tokens": 1}},
-                "system_fingerprint": null,
-            });
+            let model = &request["model"];
+            let completion = match path.as_str() {
+                "embeddings" => json!({
+                    "object": "list", "model": model,
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+                    "usage": {"prompt_tokens": 3, "total_tokens": 3},
+                }),
+                "completions" => json!({
+                    "id": format!("cmpl-{number}"), "object": "text_completion", "created": 1_736_295_000, "model": model,
+                    "choices": [{"text": format!("answer to {line}"), "index": 0, "logprobs": null, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                }),
+                "responses" => json!({
+                    "id": format!("resp_{number}"), "object": "response", "created_at": 1_736_295_000,
+                    "status": "completed", "model": model,
+                    "output": [{"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": format!("answer to {line}")}]}],
+                    "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5,
+                              "input_tokens_details": {"cached_tokens": 1},
+                              "output_tokens_details": {"reasoning_tokens": 1}},
+                }),
+                "moderations" => json!({
+                    "id": format!("modr-{number}"), "model": model,
+                    "results": [{"flagged": false, "categories": {}, "category_scores": {}}],
+                }),
+                _ => json!({
+                    "id": format!("chatcmpl-{number}"),
+                    "object": "chat.completion",
+                    "created": 1_736_295_000,
+                    "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer to {line}")}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                              "prompt_tokens_details": {"cached_tokens": 1},
+                              "completion_tokens_details": {"reasoning_tokens": 1}},
+                    "system_fingerprint": null,
+                }),
+            };
             (
                 [("x-request-id", format!("req_up{number}")), ("content-type", "application/json".into())],
                 completion.to_string(),

@@ -39,6 +39,28 @@ assert output_file.expires_at == output_file.created_at + 7200, output_file
 output = client.files.content(batch.output_file_id).text
 assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["env-0", "env-1", "env-2"], output
 
+# An embeddings batch (enabled by the test's config), answered by the echo model.
+embedding_lines = "".join(
+    f'{{"custom_id": "emb-{n}", "method": "POST", "url": "/v1/embeddings", '
+    f'"body": {{"model": "echo", "input": "some words {n}"}}}}\n'
+    for n in range(2)
+)
+embedding_input = client.files.create(file=("emb.jsonl", embedding_lines.encode()), purpose="batch")
+embeddings = client.batches.create(
+    input_file_id=embedding_input.id, endpoint="/v1/embeddings", completion_window="24h"
+)
+assert embeddings.endpoint == "/v1/embeddings" and embeddings.model == "echo", embeddings
+deadline = time.time() + 60
+while embeddings.status not in ("completed", "failed", "expired", "cancelled"):
+    assert time.time() < deadline, embeddings
+    time.sleep(0.2)
+    embeddings = client.batches.retrieve(embeddings.id)
+assert embeddings.status == "completed" and embeddings.request_counts.completed == 2, embeddings
+assert embeddings.usage.input_tokens == 6 and embeddings.usage.total_tokens == 6, embeddings.usage
+for record in map(json.loads, client.files.content(embeddings.output_file_id).text.splitlines()):
+    assert record["response"]["body"]["object"] == "list", record
+    assert len(record["response"]["body"]["data"][0]["embedding"]) == 8, record
+
 # OpenAI's validation of the expiry options, as the SDK's typed error.
 try:
     client.batches.create(
