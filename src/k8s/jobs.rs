@@ -65,6 +65,7 @@ pub fn shard_job(
         format!("--batch-id={}", spec.id),
         format!("--project-id={}", spec.project_id),
         format!("--input-file-id={}", spec.input_file_id),
+        format!("--endpoint={}", spec.endpoint),
         format!("--expires-at={}", spec.expires_at),
         format!("--shard-index={}", shard.index),
         format!("--first-request={}", shard.first_request),
@@ -223,6 +224,7 @@ mod tests {
         let args = pod.containers[0].args.as_ref().unwrap();
         for expected in [
             "worker",
+            "--endpoint=/v1/chat/completions",
             "--shard-index=2",
             "--first-request=10",
             "--requests=5",

@@ -33,6 +33,10 @@ pub struct WorkerArgs {
     pub project_id: String,
     #[arg(long)]
     pub input_file_id: String,
+    /// The batch's endpoint: where its lines go on the upstream, and the shape the echo
+    /// model answers in.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    pub endpoint: String,
     /// Unix time at which the batch expires: dispatch stops then.
     #[arg(long)]
     pub expires_at: i64,
@@ -104,7 +108,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         id: batch,
         project_id: project,
         input_file_id: input,
-        endpoint: String::new(),
+        endpoint: args.endpoint.clone(),
         completion_window: String::new(),
         metadata: Default::default(),
         created_at: 0,
