@@ -89,8 +89,10 @@ async fn a_stalled_upload_is_cut_off_and_leaves_no_file() {
     let mut stalled = TcpStream::connect(&address).await.unwrap();
     stalled.write_all(upload_head(&address, 100_000).as_bytes()).await.unwrap();
     stalled.write_all(b"--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n").await.unwrap();
-    // A second upload while the first holds the only slot (once the server has read the
-    // first's headers): told to come back.
+    // Time for the server to read the first's headers and take the only upload slot: a
+    // second upload that came first would take it instead (and the first get the 429).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A second upload while the first holds the only slot: told to come back.
     let second = || {
         reqwest::Client::new()
             .post(format!("http://{address}/v1/files"))
@@ -101,11 +103,15 @@ async fn a_stalled_upload_is_cut_off_and_leaves_no_file() {
             .send()
     };
     let mut busy = second().await.unwrap();
-    while busy.status() != 429 {
+    for _ in 0..25 {
+        if busy.status() == 429 {
+            break;
+        }
         assert_eq!(busy.status(), 400, "the first upload is not read yet: the second one is, and is empty");
         tokio::time::sleep(Duration::from_millis(20)).await;
         busy = second().await.unwrap();
     }
+    assert_eq!(busy.status(), 429, "the stalled upload never held the upload slot");
     assert_eq!(busy.headers()["retry-after"], "1");
     let error: serde_json::Value = busy.json().await.unwrap();
     assert_eq!(error["error"]["code"], "rate_limit_exceeded");

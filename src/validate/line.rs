@@ -191,10 +191,10 @@ impl<'de> Visitor<'de> for BodyVisitor {
         while let Some(key) = map.next_key::<Key<'de>>()? {
             keys += 1;
             match key.0.as_ref() {
-                "stream" => stream_true = map.next_value::<IsTrue>()?.0,
+                "stream" => stream_true = map.next_value::<Literal>()? == Literal::True,
                 "model" => model = map.next_value::<TextSeed<'de>>()?.0,
-                "input" => input = !map.next_value::<IsNull>()?.0,
-                "prompt" => prompt = !map.next_value::<IsNull>()?.0,
+                "input" => input = map.next_value::<Literal>()? != Literal::Null,
+                "prompt" => prompt = map.next_value::<Literal>()? != Literal::Null,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -204,94 +204,54 @@ impl<'de> Visitor<'de> for BodyVisitor {
     }
 }
 
-/// Whether a value is the JSON literal `true` (`stream: "true"` is not).
-struct IsTrue(bool);
+/// Which of the literals `true` and `null` a value is, if either (`stream: "true"` is
+/// neither); anything else is skipped without being built.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Literal {
+    True,
+    Null,
+    Other,
+}
 
-impl<'de> serde::Deserialize<'de> for IsTrue {
+impl<'de> serde::Deserialize<'de> for Literal {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(IsTrueVisitor).map(IsTrue)
+        deserializer.deserialize_any(LiteralVisitor)
     }
 }
 
-struct IsTrueVisitor;
+struct LiteralVisitor;
 
-impl<'de> Visitor<'de> for IsTrueVisitor {
-    type Value = bool;
+impl<'de> Visitor<'de> for LiteralVisitor {
+    type Value = Literal;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
     fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
-        Ok(value)
+        Ok(if value { Literal::True } else { Literal::Other })
     }
     fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(false)
+        Ok(Literal::Other)
     }
     fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(false)
+        Ok(Literal::Other)
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(false)
+        Ok(Literal::Other)
     }
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(false)
+        Ok(Literal::Null)
     }
     fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(false)
+        Ok(Literal::Other)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(false)
+        Ok(Literal::Other)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-}
-
-/// Whether a value is JSON `null`; anything else is skipped without being built.
-struct IsNull(bool);
-
-impl<'de> serde::Deserialize<'de> for IsNull {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(IsNullVisitor).map(IsNull)
-    }
-}
-
-struct IsNullVisitor;
-
-impl<'de> Visitor<'de> for IsNullVisitor {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(true)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
+        Ok(Literal::Other)
     }
 }

@@ -10,6 +10,18 @@ import openai
 from openai import OpenAI
 
 client = OpenAI(max_retries=0)  # Everything from the environment.
+
+
+def finished(batch):
+    """The batch once it is terminal (within a minute)."""
+    deadline = time.time() + 60
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        assert time.time() < deadline, batch
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    return batch
+
+
 project_id = os.environ["NIGHTSHIFT_PROJECT_ID"]
 
 lines = "".join(
@@ -28,11 +40,7 @@ batch = client.batches.create(
     completion_window="24h",
     output_expires_after={"anchor": "created_at", "seconds": 7200},
 )
-deadline = time.time() + 60
-while batch.status not in ("completed", "failed", "expired", "cancelled"):
-    assert time.time() < deadline, batch
-    time.sleep(0.2)
-    batch = client.batches.retrieve(batch.id)
+batch = finished(batch)
 assert batch.status == "completed" and batch.request_counts.completed == 3, batch
 output_file = client.files.retrieve(batch.output_file_id)
 assert output_file.expires_at == output_file.created_at + 7200, output_file
@@ -50,11 +58,7 @@ embeddings = client.batches.create(
     input_file_id=embedding_input.id, endpoint="/v1/embeddings", completion_window="24h"
 )
 assert embeddings.endpoint == "/v1/embeddings" and embeddings.model == "echo", embeddings
-deadline = time.time() + 60
-while embeddings.status not in ("completed", "failed", "expired", "cancelled"):
-    assert time.time() < deadline, embeddings
-    time.sleep(0.2)
-    embeddings = client.batches.retrieve(embeddings.id)
+embeddings = finished(embeddings)
 assert embeddings.status == "completed" and embeddings.request_counts.completed == 2, embeddings
 assert embeddings.usage.input_tokens == 6 and embeddings.usage.total_tokens == 6, embeddings.usage
 for record in map(json.loads, client.files.content(embeddings.output_file_id).text.splitlines()):
