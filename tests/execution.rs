@@ -379,9 +379,10 @@ async fn a_full_disk_at_finalize_is_said_on_the_batch_and_retried_until_it_compl
     let disk = Tmpfs::mount(&data.path().join("data"), "24m");
     let (_serve, client) = serve_with(&data, &upstream, 8, "", "");
     let mut custom_ids = ids("d", 3_000);
-    // The last line hangs twice (a second each), so the disk fills while it runs.
+    // The last line hangs three times (a 1 s timeout each, within its 4 attempts), so the
+    // disk is filled (tens of milliseconds) while it runs: a 3 s window.
     let last = "d-last".to_owned();
-    upstream.script(&last, vec![Answer::Hang, Answer::Hang, Answer::Ok]);
+    upstream.script(&last, vec![Answer::Hang, Answer::Hang, Answer::Hang, Answer::Ok]);
     custom_ids.push(last);
     let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
     let id = batch["id"].as_str().unwrap().to_owned();

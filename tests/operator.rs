@@ -894,21 +894,7 @@ async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
 async fn a_projects_rate_limit_holds_per_api_replica() {
     const PER_MINUTE: usize = 30;
     let operator = Operator::start(10, Duration::ZERO, 4).await;
-    let second_dir = operator.dir.path().join("api-2");
-    std::fs::create_dir(&second_dir).unwrap();
-    let mut env = operator.env.clone();
-    let kubeconfig = operator.cluster.kubeconfig_for_token(&operator.api_token, &second_dir);
-    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
-    let config = operator.config.display().to_string();
-    let (_second, line) = spawn(
-        &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
-        &env,
-        "listening on",
-        &operator.dir.path().join("api-2.log"),
-    );
-    let second_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
     operator.patch_project(json!({"rate_limit": {"requests_per_minute": PER_MINUTE}}));
-
     let client = reqwest::Client::new();
     let get = |url: &str| {
         client
@@ -932,7 +918,22 @@ async fn a_projects_rate_limit_holds_per_api_replica() {
     assert!(refusal.headers().contains_key("retry-after"));
     let body: Value = refusal.json().await.unwrap();
     assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A second replica, started now: it reads the Projects, the limit among them, before
+    // it listens.
+    let second_dir = operator.dir.path().join("api-2");
+    std::fs::create_dir(&second_dir).unwrap();
+    let mut env = operator.env.clone();
+    let kubeconfig = operator.cluster.kubeconfig_for_token(&operator.api_token, &second_dir);
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let config = operator.config.display().to_string();
+    let (_second, line) = spawn(
+        &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
+        &env,
+        "listening on",
+        &operator.dir.path().join("api-2.log"),
+    );
+    let second_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
 
     // The second replica answers the project a whole minute's worth of its own.
     let mut second_answered = 0;

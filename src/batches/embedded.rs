@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 
@@ -25,13 +24,11 @@ use super::model::{Batch, Status};
 use super::store::{BatchPage, BatchStore, StateChange, StoreError, UpdateError};
 use crate::clock::UnixSeconds;
 use crate::ids::{BatchId, ProjectId};
-use crate::storage::{Key, ObjectStore, StorageError, newest_first};
+use crate::storage::{Key, ObjectStore, StorageError, newest_first, read_page};
 
 const DOCS: &str = "batch-docs";
 const NEWEST: &str = "batch-newest";
 const USAGE: &str = "batch-usage";
-/// How many documents a listing reads from storage at once.
-const LIST_READ_AHEAD: usize = 16;
 
 pub struct EmbeddedBatchStore {
     objects: Arc<dyn ObjectStore>,
@@ -276,27 +273,14 @@ impl BatchStore for EmbeddedBatchStore {
 
     async fn list(&self, project: &ProjectId, after: Option<&BatchId>, limit: usize) -> Result<BatchPage, StoreError> {
         let prefix = newest_first::prefix(NEWEST, project.as_str());
-        let mut cursor = after.map(|after| marker_key(project, after).to_string());
-        let wanted = limit + 1;
-        let mut batches = Vec::new();
-        loop {
-            let page = self.objects.list_page(&prefix, cursor.as_deref(), wanted).await?;
-            cursor = page.keys.last().map(Key::to_string);
-            let ids = page.keys.iter().filter_map(marked).map(|(_, id)| id).collect::<Vec<_>>();
-            let mut found = futures_util::stream::iter(ids)
-                .map(|id| async move { self.get(project, &id).await })
-                .buffered(LIST_READ_AHEAD.min(wanted))
-                .try_filter_map(|batch| async move { Ok(batch) })
-                .take(wanted - batches.len())
-                .try_collect::<Vec<_>>()
-                .await?;
-            batches.append(&mut found);
-            if batches.len() >= wanted || !page.more {
-                break;
+        let cursor = after.map(|after| marker_key(project, after).to_string());
+        let (batches, has_more) = read_page(self.objects.as_ref(), &prefix, cursor, limit, |key| async move {
+            match marked(&key) {
+                Some((_, id)) => self.get(project, &id).await,
+                None => Ok(None),
             }
-        }
-        let has_more = batches.len() > limit;
-        batches.truncate(limit);
+        })
+        .await?;
         Ok(BatchPage { batches, has_more })
     }
 

@@ -13,18 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
 
 use super::record::{FileRecord, Purpose};
 use crate::clock::{self, UnixSeconds};
 use crate::ids::{FileId, ProjectId};
-use crate::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError, newest_first};
+use crate::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError, newest_first, read_page};
 
-/// How many records a listing reads from storage at once.
-const LIST_READ_AHEAD: usize = 16;
-/// The fewest keys a listing asks storage for at once (a page of one that skips deleted
-/// files should not take a request per file).
-const LIST_MIN_KEYS: usize = 32;
 /// The index of live files, newest first.
 const NEWEST: &str = "file-newest";
 
@@ -150,7 +144,7 @@ impl FileCatalog {
     /// A page of the project's live files. A cursor need not exist any more: the page
     /// starts from where it would sort.
     pub async fn list(&self, project: &ProjectId, query: &FileListQuery) -> Result<FilePage, StorageError> {
-        let (prefix, mut cursor) = match query.order {
+        let (prefix, cursor) = match query.order {
             Order::Asc => {
                 let prefix = format!("file-meta/{project}/");
                 let cursor = query.after.as_ref().map(|after| format!("{prefix}{after}.json"));
@@ -167,31 +161,14 @@ impl FileCatalog {
             }
         };
         let now = clock::now();
-        let wanted = query.limit + 1;
-        let mut records = Vec::new();
-        loop {
-            let page = self.store.list_page(&prefix, cursor.as_deref(), wanted.max(LIST_MIN_KEYS)).await?;
-            cursor = page.keys.last().map(|key| key.to_string());
-            let ids = page.keys.iter().filter_map(|key| listed_id(key, query.order)).collect::<Vec<_>>();
-            let mut found = futures_util::stream::iter(ids)
-                .map(|id| async move { self.read_record(project, &id).await })
-                .buffered(LIST_READ_AHEAD.min(wanted))
-                .try_filter_map(|record| async move { Ok(record) })
-                .try_filter(|record| {
-                    let wanted = record.is_live(now)
-                        && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str());
-                    async move { wanted }
-                })
-                .take(wanted - records.len())
-                .try_collect::<Vec<_>>()
-                .await?;
-            records.append(&mut found);
-            if records.len() >= wanted || !page.more {
-                break;
-            }
-        }
-        let has_more = records.len() > query.limit;
-        records.truncate(query.limit);
+        let wanted = |record: &FileRecord| {
+            record.is_live(now) && query.purpose.as_deref().is_none_or(|purpose| purpose == record.purpose.as_str())
+        };
+        let (records, has_more) = read_page(self.store.as_ref(), &prefix, cursor, query.limit, |key| async move {
+            let Some(id) = listed_id(&key, query.order) else { return Ok(None) };
+            Ok::<_, StorageError>(self.read_record(project, &id).await?.filter(wanted))
+        })
+        .await?;
         Ok(FilePage { records, has_more })
     }
 

@@ -17,6 +17,7 @@ mod dir;
 mod dir_index;
 mod key;
 pub mod newest_first;
+mod paging;
 mod s3;
 
 use std::ops::Range;
@@ -29,6 +30,7 @@ use futures_util::stream::BoxStream;
 pub use credentials::StaticKeys;
 pub use dir::DirStore;
 pub use key::Key;
+pub use paging::read_page;
 pub use s3::{S3Settings, S3Store};
 
 /// A page of a listing.

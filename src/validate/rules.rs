@@ -14,14 +14,40 @@ pub const MAX_LINES: u64 = 50_000;
 pub const BATCHABLE_URLS: [&str; 5] =
     ["/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses", "/v1/moderations"];
 
+/// A body field an endpoint requires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyField {
+    Model,
+    Input,
+    Prompt,
+}
+
+impl BodyField {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Input => "input",
+            Self::Prompt => "prompt",
+        }
+    }
+
+    fn param(self) -> &'static str {
+        match self {
+            Self::Model => "body.model",
+            Self::Input => "body.input",
+            Self::Prompt => "body.prompt",
+        }
+    }
+}
+
 /// The fields a line's body must hold for its endpoint, beyond being a non-empty object.
 /// Chat completions keep the spec's checks alone.
-pub fn required_body_fields(url: &str) -> &'static [&'static str] {
+pub fn required_body_fields(url: &str) -> &'static [BodyField] {
+    use BodyField::{Input, Model, Prompt};
     match url {
-        "/v1/embeddings" => &["model", "input"],
-        "/v1/completions" => &["model", "prompt"],
-        "/v1/responses" => &["model", "input"],
-        "/v1/moderations" => &["input"],
+        "/v1/embeddings" | "/v1/responses" => &[Model, Input],
+        "/v1/completions" => &[Model, Prompt],
+        "/v1/moderations" => &[Input],
         _ => &[],
     }
 }
@@ -196,20 +222,13 @@ pub fn check(
         Body::Object { ref model, input, prompt, .. } => {
             for &field in required_body_fields(url) {
                 let present = match field {
-                    "model" => matches!(model, Text::Value(_)),
-                    "input" => input,
-                    _ => prompt,
+                    BodyField::Model => matches!(model, Text::Value(_)),
+                    BodyField::Input => input,
+                    BodyField::Prompt => prompt,
                 };
                 if !present {
-                    return Err(InvalidInput::at(
-                        n,
-                        format!("Line {n} body is missing {field}, which {url} requires"),
-                        Some(match field {
-                            "model" => "body.model",
-                            "input" => "body.input",
-                            _ => "body.prompt",
-                        }),
-                    ));
+                    let message = format!("Line {n} body is missing {}, which {url} requires", field.name());
+                    return Err(InvalidInput::at(n, message, Some(field.param())));
                 }
             }
             Ok(())
