@@ -79,6 +79,8 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: RouteHistogramFamily,
     pub tokens: Family<ProjectLabel, Counter>,
+    pub commit_retries: Counter,
+    pub superseded_runs: Counter,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
     /// Whether this process counts lines and tokens as they are recorded (not on
@@ -128,6 +130,18 @@ impl Metrics {
         );
         let tokens = Family::<ProjectLabel, Counter>::default();
         registry.register("tokens", "Tokens used by recorded lines, by project", tokens.clone());
+        let commit_retries = Counter::default();
+        registry.register(
+            "commit_retries",
+            "Shard commits tried again because storage failed (dispatch pauses meanwhile)",
+            commit_retries.clone(),
+        );
+        let superseded_runs = Counter::default();
+        registry.register(
+            "superseded_runs",
+            "Shard runs that stopped because a newer run claimed their shard",
+            superseded_runs.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The running build: 1, labelled with its version", build_info.clone());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
@@ -142,6 +156,8 @@ impl Metrics {
             http_requests,
             http_duration,
             tokens,
+            commit_retries,
+            superseded_runs,
             completed_lines,
             live: AtomicBool::new(true),
         }

@@ -139,6 +139,10 @@ impl Runtime for Runner {
             match result {
                 Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),
                 Ok(ShardExit::Stopped) => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped"),
+                // Another process claimed the shard (only a worker run by hand on the same
+                // storage can): the shard starts here again, claiming it back, if it is
+                // still incomplete at the next pass.
+                Ok(ShardExit::Superseded) => {}
                 // Storage that fails is waited out: the shard starts again at the next
                 // pass, without counting against its retries. Anything else counts.
                 Err(error @ ExecError::Storage(_)) => {

@@ -294,6 +294,195 @@ async fn serve_killed_mid_batch_resumes_with_no_duplicate_and_no_lost_line() {
     assert_eq!(ids.len(), 300);
 }
 
+/// The law of a crash at many random points in one batch: a line is sent again only if
+/// it was in flight at the kill, since a finished line's permit goes to the next line
+/// only once its record is durable. Odd kills come while the upstream holds every
+/// answer and all the permits are at it (nothing waits for a commit then): exactly the
+/// lines in flight are sent again. Even kills come at any instant: at most a permit's
+/// worth of lines, and the upstream's count at the kill is reported beside it.
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_at_random_points_resend_only_the_lines_in_flight() {
+    const CONCURRENCY: u64 = 4;
+    const KILLS: usize = 24;
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(20));
+    let data = TempDir::new().unwrap();
+    let store = nightshift::storage::DirStore::open(data.path().join("data")).await.unwrap();
+    // A timeout no busy machine reaches: every call after the first is a re-send. One
+    // shard: the permits all reach the upstream whenever four lines are left.
+    let config = write_config(
+        data.path(),
+        &format!(
+            "upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: {CONCURRENCY}\n    \
+             timeout: 5m\nbatches:\n  shard_lines: 1500\n  reconcile_interval: 100ms\n",
+            upstream.base_url
+        ),
+    );
+    let start = || {
+        let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
+        let client = Client::new(&serve.url, PROJECT, KEY);
+        (serve, client)
+    };
+    let (mut serve, mut client) = start();
+    let custom_ids = ids("r", 1500);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut random = |below: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    };
+    struct Kill {
+        held: bool,
+        in_flight: u64,
+        sent: std::collections::HashMap<String, u32>,
+        committed: std::collections::HashSet<String>,
+    }
+    let mut kills = Vec::new();
+    for round in 0..KILLS {
+        let target = upstream.total_calls() + 3 + random(40);
+        let deadline = Instant::now() + MINUTE;
+        while upstream.total_calls() < target {
+            assert!(Instant::now() < deadline, "round {round}: the batch made no progress");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let held = round % 2 == 1;
+        if held {
+            upstream.hold();
+            while upstream.in_flight() < CONCURRENCY {
+                assert!(Instant::now() < deadline, "round {round}: the permits never all reached the upstream");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let (in_flight, total) = (upstream.in_flight(), upstream.total_calls());
+        serve.kill();
+        upstream.release();
+        common::committed::settle(&upstream).await;
+        // Requests that reached the upstream after the count had been sent before the kill.
+        let in_flight = in_flight + (upstream.total_calls() - total);
+        let committed = common::committed::committed_custom_ids(&store, &[]).await;
+        kills.push(Kill { held, in_flight, sent: upstream.all_calls(), committed });
+        (serve, client) = start();
+    }
+    let batch = client.wait_terminal(&id, 2 * MINUTE).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.output.len(), 1500, "every line once");
+
+    let end = upstream.all_calls();
+    let (mut report, mut worst) = (Vec::new(), i64::MIN);
+    for (k, kill) in kills.iter().enumerate() {
+        let after = kills.get(k + 1).map_or(&end, |next| &next.sent);
+        // Nothing committed at the kill is sent again, then or after a later kill.
+        common::committed::check_kill_laws(&kill.sent, &kill.committed, after);
+        for id in &kill.committed {
+            assert_eq!(end.get(id), kill.sent.get(id), "{id} was committed at kill {k} and sent again later");
+        }
+        // Sent again after kill k: sent before it and again before the next one.
+        let resent =
+            kill.sent.iter().filter(|(id, calls)| after.get(*id).copied().unwrap_or(0) > **calls).count() as u64;
+        assert!(resent <= CONCURRENCY, "kill {k}: {resent} lines sent again, more than the {CONCURRENCY} permits");
+        if kill.held {
+            assert_eq!(resent, kill.in_flight, "kill {k} (held): exactly the lines in flight are sent again");
+        }
+        worst = worst.max(resent as i64 - kill.in_flight as i64);
+        report.push(format!("{}{resent}/{}", if kill.held { "h" } else { "" }, kill.in_flight));
+    }
+    eprintln!(
+        "sent again / in flight at each kill (h: held): {}; worst excess over in flight: {worst}",
+        report.join(" ")
+    );
+}
+
+/// Two runs on one shard at once (as a pod the Job controller gave up on and its
+/// replacement): a worker started by hand on serve's storage claims shard 0; serve's
+/// run learns it at its next commit and stops, serve claims the shard back at its next
+/// pass, and the hand-run worker learns it the same way and exits with an error. What
+/// the shard's owner counts records each line exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits_never_count() {
+    // Shared S3, as two pods have (a data directory is locked by the process using it).
+    let s3 = common::TestS3::start();
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the environment yet.
+    unsafe {
+        std::env::set_var("NS_TEST_S3_KEY", common::S3_ACCESS_KEY);
+        std::env::set_var("NS_TEST_S3_SECRET", common::S3_SECRET_KEY);
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    }
+    let storage = format!(
+        "storage:\n  s3: {{bucket: {}, endpoint: \"{}\", path_style: true, access_key_id_env: NS_TEST_S3_KEY, \
+         secret_access_key_env: NS_TEST_S3_SECRET}}\n",
+        s3.bucket, s3.endpoint
+    );
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(300));
+    let data = TempDir::new().unwrap();
+    let serve_config = write_config(
+        data.path(),
+        &format!(
+            "{storage}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: 2\n    \
+             timeout: 5s\nbatches:\n  shard_lines: 7\n  checkpoint_interval: 50ms\n  reconcile_interval: 100ms\n",
+            upstream.base_url
+        ),
+    );
+    let serve = Serve::start_configured(&serve_config);
+    let client = Client::new(&serve.url, PROJECT, KEY);
+    let custom_ids = ids("f", 14);
+    let lines = input(&custom_ids, "mock-a");
+    let file = client.upload(lines.clone()).await;
+    let batch = client.create(&file).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    while upstream.total_calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Shard 0 holds the first 7 lines (serve_with's shard_lines).
+    let shard_end = lines.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(6).unwrap().0 + 1;
+    let config = data.path().join("worker.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "{storage}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: 2\n    \
+             timeout: 5s\nbatches:\n  checkpoint_interval: 50ms\n",
+            upstream.base_url
+        ),
+    )
+    .unwrap();
+    let worker = std::process::Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["worker", "--config", config.to_str().unwrap(), "--batch-id", &id, "--project-id", PROJECT])
+        .args(["--input-file-id", &file, "--expires-at", &batch["expires_at"].to_string(), "--shard-index", "0"])
+        .args(["--first-request", "0", "--requests", "7", "--byte-start", "0", "--byte-end", &shard_end.to_string()])
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let worker = tokio::task::spawn_blocking(move || worker.wait_with_output().unwrap());
+    let worker = tokio::time::timeout(MINUTE, worker).await.expect("the superseded worker stops").unwrap();
+    let stderr = String::from_utf8_lossy(&worker.stderr);
+    assert!(!worker.status.success(), "a superseded run fails, so its Job does not complete: {stderr}");
+    assert!(stderr.contains("a newer run claimed shard 0"), "{stderr}");
+
+    let batch = client.wait_terminal(&id, MINUTE).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.output.len(), 14);
+    let metrics = reqwest::get(format!("{}/metrics", serve.url)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("nightshift_superseded_runs_total 1"), "serve's run of shard 0 was superseded once");
+
+    let store = s3.store();
+    let batch_id = nightshift::ids::BatchId::parse(&id).unwrap();
+    let claims =
+        nightshift::storage::ObjectStore::list(store.as_ref(), &nightshift::exec::owner::claims_prefix(&batch_id, 0))
+            .await
+            .unwrap();
+    assert!(claims.len() >= 3, "serve, the worker, serve again: {claims:?}");
+    let reader = nightshift::exec::checkpoint::CheckpointReader::default();
+    let ledger = reader.ledger(store.as_ref(), &batch_id, 0, 7).await.unwrap();
+    let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
+    counted.sort();
+    assert_eq!(counted, (0..7).collect::<Vec<_>>(), "each line of the shard recorded once in what counts");
+}
+
 #[tokio::test]
 async fn an_output_file_is_refused_as_a_batch_input_with_a_purpose_error() {
     let upstream = MockUpstream::start().await;

@@ -7,8 +7,13 @@
 //! without its checkpoint does not exist for anyone. So a worker killed at any
 //! instant leaves only whole, checkpointed chunks behind. `<writer>` is unique to
 //! each worker run, so two runs that overlap on a shard (a Job's retried pod while
-//! the old one still lives) never overwrite each other; finalize keeps the first
-//! record of each request.
+//! the old one still lives) never overwrite each other; `owners/` holds their claims,
+//! and only the newest claim's checkpoints count (`super::owner`). Finalize keeps the
+//! first record of each request.
+//!
+//! Commits are group commits: the worker hands a [`Group`] of records to storage while
+//! the next group fills, and a line's permit goes to the next line only once its
+//! record is durable, so a crash re-sends only lines that were in flight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -17,6 +22,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::ExecError;
+use super::owner::{Claim, ClaimName, claim_key, claims_prefix, newest};
 use crate::batches::Usage;
 use crate::ids::BatchId;
 use crate::storage::{Key, ObjectStore, StorageError};
@@ -86,6 +92,10 @@ pub struct ShardLedger {
     /// Failed requests by error code (a request recorded twice, by two raced runs, may
     /// count under both codes).
     pub codes: BTreeMap<String, u64>,
+    /// The shard's newest claim, if any run ever claimed it.
+    pub owner: Option<Arc<Claim>>,
+    /// The highest `seq` of any checkpoint, counted or not.
+    pub max_seq: Option<u32>,
 }
 
 impl ShardLedger {
@@ -101,8 +111,25 @@ impl ShardLedger {
         self.recorded_count() as usize >= self.recorded.len()
     }
 
+    /// The `seq` a new run starts at (above every checkpoint's, counted or not).
     pub fn next_seq(&self) -> u32 {
-        self.checkpoints.iter().map(|c| c.seq + 1).max().unwrap_or(0)
+        self.max_seq.map_or(0, |seq| seq + 1)
+    }
+
+    /// The ledger of a shard's checkpoints (in any order) under its newest claim:
+    /// only what that owner counts.
+    pub fn of(requests: u64, owner: Option<Arc<Claim>>, mut checkpoints: Vec<Arc<Checkpoint>>) -> Self {
+        checkpoints.sort_by(|a, b| (a.seq, &a.writer).cmp(&(b.seq, &b.writer)));
+        let mut ledger = Self::new(requests);
+        let max_seq = checkpoints.iter().map(|c| c.seq).max();
+        for checkpoint in checkpoints {
+            if owner.as_ref().is_none_or(|owner| owner.counts(&checkpoint)) {
+                ledger.add(checkpoint);
+            }
+        }
+        ledger.max_seq = max_seq;
+        ledger.owner = owner;
+        ledger
     }
 
     /// Adds a checkpoint. A request recorded twice (two workers raced on a shard)
@@ -122,6 +149,7 @@ impl ShardLedger {
             }
         }
         self.usage += checkpoint.usage;
+        self.max_seq = self.max_seq.max(Some(checkpoint.seq));
         for (code, count) in &checkpoint.codes {
             *self.codes.entry(code.clone()).or_default() += u64::from(*count);
         }
@@ -129,14 +157,16 @@ impl ShardLedger {
     }
 }
 
-/// Reads shards' checkpoints. Checkpoints never change once written, so each is
-/// fetched once and then served from memory: polling progress costs one listing.
+/// Reads shards' checkpoints and claims. Neither changes once written, so each is
+/// fetched once and then served from memory: polling progress costs two listings.
 #[derive(Default)]
 pub struct CheckpointReader {
-    cache: Mutex<HashMap<Key, Arc<Checkpoint>>>,
+    cache: Mutex<HashMap<Key, Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl CheckpointReader {
+    /// A shard's ledger. Checkpoints are listed before claims, so each checkpoint read
+    /// is judged by claims at least as new as itself.
     pub async fn ledger(
         &self,
         store: &dyn ObjectStore,
@@ -144,24 +174,36 @@ impl CheckpointReader {
         shard: u32,
         requests: u64,
     ) -> Result<ShardLedger, ExecError> {
-        let mut ledger = ShardLedger::new(requests);
         let prefix = format!("{}checkpoint-", shard_prefix(batch, shard));
+        let mut checkpoints = Vec::new();
         for key in store.list(&prefix).await? {
-            let cached = self.cache.lock().expect("checkpoint cache").get(&key).cloned();
-            let checkpoint = match cached {
-                Some(checkpoint) => checkpoint,
-                None => {
-                    let bytes = store.get(&key).await?;
-                    let checkpoint: Checkpoint = serde_json::from_slice(&bytes)
-                        .map_err(|e| ExecError::Corrupt(format!("unreadable checkpoint {key}: {e}")))?;
-                    let checkpoint = Arc::new(checkpoint);
-                    self.cache.lock().expect("checkpoint cache").insert(key, checkpoint.clone());
-                    checkpoint
-                }
-            };
-            ledger.add(checkpoint);
+            checkpoints.push(self.read(store, &key).await?);
         }
-        Ok(ledger)
+        let claims = store.list(&claims_prefix(batch, shard)).await?;
+        let owner = match newest(&claims) {
+            Some((_, key)) => Some(self.read(store, key).await?),
+            None => None,
+        };
+        Ok(ShardLedger::of(requests, owner, checkpoints))
+    }
+
+    /// An object that never changes once written, from the cache or from storage.
+    async fn read<T>(&self, store: &dyn ObjectStore, key: &Key) -> Result<Arc<T>, ExecError>
+    where
+        T: serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        let cached = self.cache.lock().expect("checkpoint cache").get(key).cloned();
+        if let Some(cached) = cached
+            && let Ok(value) = cached.downcast::<T>()
+        {
+            return Ok(value);
+        }
+        let bytes = store.get(key).await?;
+        let value: T =
+            serde_json::from_slice(&bytes).map_err(|e| ExecError::Corrupt(format!("unreadable {key}: {e}")))?;
+        let value = Arc::new(value);
+        self.cache.lock().expect("checkpoint cache").insert(key.clone(), value.clone());
+        Ok(value)
     }
 
     /// Drops what is cached for a batch (once it is terminal).
@@ -171,7 +213,17 @@ impl CheckpointReader {
     }
 }
 
-/// Buffers records and commits them as chunks.
+/// Whether a commit found its run still owning the shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// It does: the checkpoint is written.
+    Owner,
+    /// A newer run claimed the shard: the checkpoint was not written, and this run
+    /// must stop.
+    Superseded,
+}
+
+/// Buffers records and commits them as chunks, as the shard's owner.
 pub struct ChunkWriter {
     store: Arc<dyn ObjectStore>,
     batch: BatchId,
@@ -179,13 +231,24 @@ pub struct ChunkWriter {
     out: Vec<u8>,
     err: Vec<u8>,
     pending: Checkpoint,
+    claim: ClaimName,
 }
 
 impl ChunkWriter {
-    pub fn new(store: Arc<dyn ObjectStore>, batch: BatchId, shard: u32, next_seq: u32) -> Self {
+    /// Claims the shard over what `ledger` counted, and starts the run's first chunk.
+    pub async fn claim(
+        store: Arc<dyn ObjectStore>,
+        batch: BatchId,
+        shard: u32,
+        ledger: &ShardLedger,
+    ) -> Result<Self, StorageError> {
         let writer = ulid::Ulid::new().to_string().to_ascii_lowercase();
-        let pending = Checkpoint { seq: next_seq, writer, ..Checkpoint::empty() };
-        Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending }
+        let claim = Claim::over(ledger.owner.as_ref().map(|owner| owner.epoch), &writer, &ledger.checkpoints);
+        let key = claim_key(&batch, shard, claim.epoch, &writer);
+        store.put(&key, Bytes::from(serde_json::to_vec(&claim).expect("claims serialize"))).await?;
+        let pending = Checkpoint { seq: ledger.next_seq(), writer: writer.clone(), ..Checkpoint::empty() };
+        let claim = ClaimName { epoch: claim.epoch, writer };
+        Ok(Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending, claim })
     }
 
     /// Adds an output record, written by `write` straight into the chunk's buffer.
@@ -214,25 +277,70 @@ impl ChunkWriter {
         self.out.len() + self.err.len()
     }
 
-    /// Makes everything pushed so far durable: chunk files first, checkpoint last.
-    pub async fn commit(&mut self) -> Result<Option<Arc<Checkpoint>>, StorageError> {
+    /// Everything pushed so far, as a group to commit; the writer starts the next one.
+    pub fn take_group(&mut self) -> Option<Group> {
         if self.pending() == 0 {
-            return Ok(None);
-        }
-        if !self.out.is_empty() {
-            let key = chunk_key(&self.batch, self.shard, &self.pending, ChunkKind::Out);
-            self.store.put(&key, Bytes::from(std::mem::take(&mut self.out))).await?;
-        }
-        if !self.err.is_empty() {
-            let key = chunk_key(&self.batch, self.shard, &self.pending, ChunkKind::Err);
-            self.store.put(&key, Bytes::from(std::mem::take(&mut self.err))).await?;
+            return None;
         }
         let next = Checkpoint { seq: self.pending.seq + 1, writer: self.pending.writer.clone(), ..Checkpoint::empty() };
         let checkpoint = std::mem::replace(&mut self.pending, next);
-        let json = serde_json::to_vec(&checkpoint).expect("checkpoints serialize");
-        let key = checkpoint_key(&self.batch, self.shard, checkpoint.seq, &checkpoint.writer);
-        self.store.put(&key, Bytes::from(json)).await?;
-        Ok(Some(Arc::new(checkpoint)))
+        let chunk = |kind, bytes: Vec<u8>| {
+            (!bytes.is_empty()).then(|| (chunk_key(&self.batch, self.shard, &checkpoint, kind), Bytes::from(bytes)))
+        };
+        let out = chunk(ChunkKind::Out, std::mem::take(&mut self.out));
+        let err = chunk(ChunkKind::Err, std::mem::take(&mut self.err));
+        Some(Group {
+            store: self.store.clone(),
+            out,
+            err,
+            checkpoint_key: checkpoint_key(&self.batch, self.shard, checkpoint.seq, &checkpoint.writer),
+            checkpoint: Bytes::from(serde_json::to_vec(&checkpoint).expect("checkpoints serialize")),
+            claims: claims_prefix(&self.batch, self.shard),
+            claim: self.claim.clone(),
+        })
+    }
+
+    /// Commits everything pushed so far, once.
+    pub async fn commit(&mut self) -> Result<Fence, StorageError> {
+        match self.take_group() {
+            Some(group) => group.commit().await,
+            None => Ok(Fence::Owner),
+        }
+    }
+}
+
+/// Records made durable together: chunk files, then their checkpoint.
+pub struct Group {
+    store: Arc<dyn ObjectStore>,
+    out: Option<(Key, Bytes)>,
+    err: Option<(Key, Bytes)>,
+    checkpoint_key: Key,
+    checkpoint: Bytes,
+    claims: String,
+    claim: ClaimName,
+}
+
+impl Group {
+    /// Writes the chunks and, if the run still owns the shard, the checkpoint. Writes
+    /// the same objects each time: a failed commit may simply be tried again.
+    pub async fn commit(&self) -> Result<Fence, StorageError> {
+        let put = |chunk: &Option<(Key, Bytes)>| {
+            let chunk = chunk.clone();
+            async move {
+                match chunk {
+                    Some((key, bytes)) => self.store.put(&key, bytes).await,
+                    None => Ok(()),
+                }
+            }
+        };
+        let (out, err, claims) = tokio::join!(put(&self.out), put(&self.err), self.store.list(&self.claims));
+        out?;
+        err?;
+        if newest(&claims?).is_some_and(|(newest, _)| newest != self.claim) {
+            return Ok(Fence::Superseded);
+        }
+        self.store.put(&self.checkpoint_key, self.checkpoint.clone()).await?;
+        Ok(Fence::Owner)
     }
 }
 
@@ -261,5 +369,29 @@ mod tests {
         assert!(ledger.is_complete());
         assert_eq!(ledger.next_seq(), 2);
         assert_eq!(ledger.usage.total_tokens, 3);
+    }
+
+    #[test]
+    fn a_ledger_counts_only_what_the_shards_owner_counts() {
+        let checkpoint = |writer: &str, seq, out: Vec<u32>| {
+            Arc::new(Checkpoint {
+                seq,
+                writer: writer.into(),
+                out,
+                err: vec![],
+                usage: Usage::default(),
+                codes: BTreeMap::new(),
+            })
+        };
+        // a committed 0 and 1; b claimed having seen a's 0 only, then committed 2; a's 1
+        // landed after b's claim (a was superseded, and learns at its next commit).
+        let all = vec![checkpoint("b", 2, vec![2]), checkpoint("a", 1, vec![1]), checkpoint("a", 0, vec![0])];
+        let owner = Claim::over(None, "b", &all[2..]);
+        let ledger = ShardLedger::of(3, Some(Arc::new(owner)), all.clone());
+        assert_eq!(ledger.recorded, vec![true, false, true], "a's 1 does not count");
+        assert_eq!(ledger.checkpoints.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![0, 2], "in seq order");
+        assert_eq!(ledger.next_seq(), 3, "above every checkpoint, counted or not");
+        let unclaimed = ShardLedger::of(3, None, all);
+        assert!(unclaimed.is_complete(), "without claims (before fencing) everything counts");
     }
 }

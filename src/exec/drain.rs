@@ -2,7 +2,7 @@
 //! workers have stopped, every request without a record gets a `batch_cancelled` or
 //! `batch_expired` one. Idempotent: it looks at the checkpoints, not at memory.
 
-use super::checkpoint::{ChunkWriter, ShardLedger};
+use super::checkpoint::{ChunkWriter, Fence, ShardLedger};
 use super::failure::LineFailure;
 use super::input::{RequestLines, custom_id};
 use super::records::{error_line, line_id};
@@ -22,7 +22,9 @@ pub async fn drain_shard(
     if ledger.is_complete() {
         return Ok(());
     }
-    let mut writer = ChunkWriter::new(ctx.store.clone(), spec.id.clone(), shard.index, ledger.next_seq());
+    // The drain owns the shard from here (workers have stopped): a stale run's later
+    // commits will not count.
+    let mut writer = ChunkWriter::claim(ctx.store.clone(), spec.id.clone(), shard.index, ledger).await?;
     let range = shard.byte_start..shard.byte_end;
     let mut lines = RequestLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
     let mut index: u32 = 0;
@@ -31,8 +33,9 @@ pub async fn drain_shard(
             let id = line_id(&spec.id, shard.first_request + u64::from(index));
             writer.push_error(index, failure.code.as_str(), &error_line(&id, &custom_id(&line), failure));
             crate::metrics::METRICS.line_failed(failure.code.as_str());
-            if writer.pending() >= DRAIN_CHUNK {
-                writer.commit().await?;
+            // Superseded: a newer drain owns the shard and writes what this one would.
+            if writer.pending() >= DRAIN_CHUNK && writer.commit().await? == Fence::Superseded {
+                return Ok(());
             }
         }
         index += 1;

@@ -12,6 +12,7 @@ pub mod failure;
 pub mod finalize;
 pub mod input;
 pub mod limiter;
+pub mod owner;
 pub mod records;
 pub mod upstream;
 pub mod worker;

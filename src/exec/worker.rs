@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::call::{LineOutcome, call_upstream};
-use super::checkpoint::{ChunkWriter, ShardLedger};
+use super::checkpoint::{ChunkWriter, Fence, Group, ShardLedger};
 use super::classify::{Step, classify};
 use super::echo::echo;
 use super::failure;
@@ -24,12 +24,22 @@ use crate::batches::BatchSpec;
 use crate::clock;
 use crate::metrics::METRICS;
 use crate::quota::Room;
+use crate::storage::StorageError;
 use crate::validate::Shard;
 
 /// Commit at the latest when this many records, or this many bytes of them, wait,
 /// whatever the interval: a worker's memory stays bounded whatever the responses.
 const MAX_CHUNK_RECORDS: usize = 4096;
 const MAX_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// How a failing commit is tried again: backoff from the first delay to the cap, and
+/// how many tries the last commit of a stopping run gets.
+const COMMIT_RETRY_FIRST: Duration = Duration::from_millis(50);
+const COMMIT_RETRY_MAX: Duration = Duration::from_secs(5);
+const FINAL_ATTEMPTS: u32 = 3;
+/// A group commit starts once the lines waiting for it are at least as many as those
+/// still in flight, or once the first of them has waited this long: fewer, larger
+/// commits when the upstream is fast, at most this much added to a slow line.
+const GROUP_WAIT: Duration = Duration::from_millis(2);
 
 /// How a shard run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +48,8 @@ pub enum ShardExit {
     Finished,
     /// Dispatch stopped (cancel, expiry) with requests left unrecorded.
     Stopped,
+    /// A newer run claimed the shard: this one stopped at once (`super::owner`).
+    Superseded,
 }
 
 /// A line in flight; it hands its permit back when done, so that the worker can
@@ -52,6 +64,17 @@ struct Done {
     permit: OwnedSemaphorePermit,
 }
 
+/// A permit of a line that finished, with its upstream by position (`None`: echo).
+type Held = (Option<usize>, OwnedSemaphorePermit);
+
+/// The group commit under way, and the permits of the lines whose records it makes
+/// durable: they go to the next lines only once it has.
+struct Committing {
+    group: Arc<Group>,
+    write: Pin<Box<dyn Future<Output = Result<Fence, StorageError>> + Send>>,
+    permits: Vec<Held>,
+}
+
 /// A request read ahead of dispatch, waiting for a permit of its upstream.
 struct Ready {
     index: u32,
@@ -63,6 +86,12 @@ struct Ready {
 
 /// Runs `shard` of the batch until every request has a record, or until `stop` fires
 /// or the batch expires; then lines in flight get `grace` to finish.
+///
+/// A line's record is durable before its permit goes to another line: records are
+/// group-committed (one commit writes every record that finished while the previous
+/// one was written), so a crash re-sends only the lines that were in flight. Lines
+/// settled without the upstream (invalid, no route) cost nothing to redo and wait for
+/// the checkpoint interval, or for a commit that lines in flight need anyway.
 pub async fn run_shard(
     ctx: &ExecContext,
     spec: &BatchSpec,
@@ -73,7 +102,7 @@ pub async fn run_shard(
     if ledger.is_complete() {
         return Ok(ShardExit::Finished);
     }
-    let mut writer = ChunkWriter::new(ctx.store.clone(), spec.id.clone(), shard.index, ledger.next_seq());
+    let mut writer = ChunkWriter::claim(ctx.store.clone(), spec.id.clone(), shard.index, ledger).await?;
     let range = shard.byte_start..shard.byte_end;
     let mut input = NumberedLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
     let expiry = deadline_at(spec.expires_at);
@@ -82,9 +111,15 @@ pub async fn run_shard(
     let mut in_flight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
     let mut dispatching = true;
     let mut grace_ends: Option<Instant> = None;
-    let mut spare: Option<(Option<usize>, OwnedSemaphorePermit)> = None;
+    // Permits of lines recorded but not durable yet, and of lines made durable, free
+    // for the next lines.
+    let mut awaiting: Vec<Held> = Vec::new();
+    let mut spares: Vec<Held> = Vec::new();
+    let mut committing: Option<Committing> = None;
+    let mut awaiting_since: Option<Instant> = None;
     let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut flush_due = false;
     // A granted worker whose allowance is spent holds its next line until more comes.
     let mut grants = ctx.quota.grants();
     let mut waiting_for_tokens = false;
@@ -92,7 +127,7 @@ pub async fn run_shard(
     loop {
         // Read ahead to the next request that has no record yet, settling at once
         // those that need no upstream.
-        while dispatching && ready.is_none() {
+        while dispatching && ready.is_none() && !full(&writer) {
             let Some((index, line)) = input.next().await? else { break };
             let recorded = ledger.recorded.get(index as usize).copied().unwrap_or(true);
             match classify(&line, recorded, |model| ctx.upstreams.route(model)) {
@@ -103,25 +138,38 @@ pub async fn run_shard(
                 Step::Send { custom_id, upstream, body } => ready = Some(Ready { index, custom_id, upstream, body }),
             }
         }
-        if writer.pending() >= MAX_CHUNK_RECORDS || writer.pending_bytes() >= MAX_CHUNK_BYTES {
-            writer.commit().await?;
+        let group_ready = !awaiting.is_empty()
+            && (awaiting.len() >= in_flight.len() || awaiting_since.is_some_and(|since| since.elapsed() >= GROUP_WAIT));
+        if committing.is_none()
+            && (group_ready || flush_due || full(&writer) || !dispatching)
+            && let Some(group) = writer.take_group()
+        {
+            let group = Arc::new(group);
+            let write = Box::pin(commit_durably(group.clone(), spec.id.clone(), shard.index, None));
+            committing = Some(Committing { group, write, permits: std::mem::take(&mut awaiting) });
+            awaiting_since = None;
+            flush_due = false;
         }
-        if in_flight.is_empty() && (ready.is_none() || !dispatching) {
+        if in_flight.is_empty() && committing.is_none() && (!dispatching || (ready.is_none() && input.done)) {
             break;
         }
-        // A permit just handed back by a finished line of the same upstream is reused
+        // A permit that a commit just freed goes to the next line of the same upstream
         // on the spot: at full concurrency this is the common case, and it saves a
-        // wake-up of another task per line.
-        if let Some((upstream, permit)) = spare.take()
-            && dispatching
+        // wake-up of another task per line. The others go back to their upstreams.
+        if dispatching
             && !waiting_for_tokens
-            && upstream.is_none_or(|position| ctx.upstreams.get(position).limiter.may_reuse())
-            && let Some(request) = ready.take_if(|r| r.upstream == upstream)
+            && let Some(request) = ready.take()
         {
-            ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
-            waiting_for_tokens = ready.is_some();
-            continue;
+            match take_spare(ctx, &mut spares, request.upstream) {
+                Some(permit) => {
+                    ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
+                    waiting_for_tokens = ready.is_some();
+                    continue;
+                }
+                None => ready = Some(request),
+            }
         }
+        spares.clear();
 
         let permits = ready.as_ref().map(|r| match r.upstream {
             Some(position) => {
@@ -141,17 +189,23 @@ pub async fn run_shard(
                 dispatching = false;
                 grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
             }
+            fence = commit_done(&mut committing) => {
+                let done = committing.take().expect("a commit was under way");
+                match fence? {
+                    Fence::Owner => spares.extend(done.permits),
+                    Fence::Superseded => return Ok(superseded(spec, shard, in_flight.len())),
+                }
+            }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                 // A line in flight no longer counts against the allowance: look again.
                 waiting_for_tokens = false;
                 record(ctx, spec, shard, &mut writer, done.index, &done.custom_id, done.outcome);
-                spare = Some((done.upstream, done.permit));
-                if writer.pending_bytes() >= MAX_CHUNK_BYTES {
-                    writer.commit().await?;
-                }
+                awaiting.push((done.upstream, done.permit));
+                awaiting_since.get_or_insert_with(Instant::now);
             }
+            _ = sleep_until_option(awaiting_since.map(|since| since + GROUP_WAIT)), if committing.is_none() => {}
             _ = flush.tick() => {
-                writer.commit().await?;
+                flush_due = true;
             }
             permit = acquire(permits), if dispatching && ready.is_some() && !waiting_for_tokens => {
                 let request = ready.take().expect("guarded by ready.is_some()");
@@ -169,8 +223,67 @@ pub async fn run_shard(
             }
         }
     }
-    writer.commit().await?;
+    // What is recorded is committed, with a few tries left for storage (a commit
+    // still trying when the grace period ended is tried again from the start).
+    let unfinished = committing.take().map(|committing| committing.group);
+    for group in unfinished.into_iter().chain(writer.take_group().map(Arc::new)) {
+        if commit_durably(group, spec.id.clone(), shard.index, Some(FINAL_ATTEMPTS)).await? == Fence::Superseded {
+            return Ok(superseded(spec, shard, 0));
+        }
+    }
     Ok(if dispatching && input.done && in_flight.is_empty() { ShardExit::Finished } else { ShardExit::Stopped })
+}
+
+/// Whether the records waiting are as many as a chunk may hold.
+fn full(writer: &ChunkWriter) -> bool {
+    writer.pending() >= MAX_CHUNK_RECORDS || writer.pending_bytes() >= MAX_CHUNK_BYTES
+}
+
+/// A freed permit for a line of `upstream`, unless its limiter is taking permits back.
+fn take_spare(ctx: &ExecContext, spares: &mut Vec<Held>, upstream: Option<usize>) -> Option<OwnedSemaphorePermit> {
+    let reusable = upstream.is_none_or(|position| ctx.upstreams.get(position).limiter.may_reuse());
+    let position = spares.iter().position(|(of, _)| *of == upstream).filter(|_| reusable)?;
+    Some(spares.swap_remove(position).1)
+}
+
+fn superseded(spec: &BatchSpec, shard: &Shard, abandoned: usize) -> ShardExit {
+    METRICS.superseded_runs.inc();
+    tracing::warn!(batch = %spec.id, shard = shard.index, abandoned, "a newer run owns the shard; this one stops");
+    ShardExit::Superseded
+}
+
+/// Commits `group`, trying again with backoff while storage fails: forever while the
+/// shard runs (dispatch pauses, since the permits wait for it), `attempts` times at the
+/// end of the run.
+async fn commit_durably(
+    group: Arc<Group>,
+    batch: crate::ids::BatchId,
+    shard: u32,
+    attempts: Option<u32>,
+) -> Result<Fence, StorageError> {
+    let mut delay = COMMIT_RETRY_FIRST;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match group.commit().await {
+            Ok(fence) => return Ok(fence),
+            Err(error) if attempts.is_some_and(|attempts| attempt >= attempts) => return Err(error),
+            Err(error) => {
+                METRICS.commit_retries.inc();
+                tracing::warn!(%batch, shard, attempt, %error, "commit failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(COMMIT_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Resolves when the commit under way is done (never without one).
+async fn commit_done(committing: &mut Option<Committing>) -> Result<Fence, StorageError> {
+    match committing {
+        Some(committing) => (&mut committing.write).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The shard's lines, numbered from 0 as its ledger counts them.

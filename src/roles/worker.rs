@@ -156,6 +156,11 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     match exit? {
         ShardExit::Finished => tracing::info!(batch = %spec.id, shard = shard.index, "shard finished"),
         ShardExit::Stopped => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped before its end"),
+        // A failure, not a success: the pod that superseded this one (its Job's
+        // replacement) still runs, and a Job must not complete on this pod's exit.
+        ShardExit::Superseded => {
+            anyhow::bail!("a newer run claimed shard {} of {}; this one stopped", shard.index, spec.id)
+        }
     }
     Ok(())
 }

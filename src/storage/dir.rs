@@ -76,6 +76,18 @@ impl ObjectStore for DirStore {
         Ok(stream)
     }
 
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {
+        // One blocking call for a small object (a commit's chunk or checkpoint), not one
+        // per step: commits come back to back while lines wait for them.
+        let temp = self.root.join(TMP_DIR).join(ulid::Ulid::new().to_string());
+        let target = self.path(key);
+        tokio::task::spawn_blocking(move || put_file(&temp, &target, &bytes))
+            .await
+            .map_err(|error| StorageError::Backend(format!("a blocking write panicked: {error}")))??;
+        self.index.added(key).await;
+        Ok(())
+    }
+
     async fn get(&self, key: &Key) -> Result<Bytes, StorageError> {
         // One blocking call for a small object, not one per step of a stream.
         let bytes = not_found_as_none(fs::read(self.path(key)).await)?;
@@ -114,37 +126,11 @@ impl ObjectStore for DirStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
-        // Walk only the deepest directory the prefix names in full.
-        let start = match prefix.rfind('/') {
-            Some(slash) => &prefix[..slash],
-            None => "",
-        };
-        let mut keys = Vec::new();
-        let mut pending = vec![(self.root.join(start), start.to_owned())];
-        while let Some((dir, relative)) = pending.pop() {
-            let Some(mut entries) = not_found_as_none(fs::read_dir(&dir).await)? else {
-                continue;
-            };
-            while let Some(entry) = entries.next_entry().await? {
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') {
-                    continue;
-                }
-                let key = if relative.is_empty() { name.to_owned() } else { format!("{relative}/{name}") };
-                if entry.file_type().await?.is_dir() {
-                    if prefix.starts_with(&key) || key.starts_with(prefix) {
-                        pending.push((entry.path(), key));
-                    }
-                } else if key.starts_with(prefix)
-                    && let Some(key) = Key::parse(&key)
-                {
-                    keys.push(key);
-                }
-            }
-        }
-        keys.sort();
-        Ok(keys)
+        let (root, prefix) = (self.root.clone(), prefix.to_owned());
+        tokio::task::spawn_blocking(move || list_files(&root, &prefix))
+            .await
+            .map_err(|error| StorageError::Backend(format!("a blocking listing panicked: {error}")))?
+            .map_err(StorageError::from)
     }
 }
 
@@ -161,6 +147,63 @@ impl DirWriter {
     fn file(&mut self) -> &mut BufWriter<fs::File> {
         self.file.as_mut().expect("writer used after finish")
     }
+}
+
+/// Writes `bytes` to `temp`, syncs it and renames it to `target`; removes `temp` on failure.
+fn put_file(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let result = (|| {
+        let mut file = std::fs::File::create(temp)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()?;
+        drop(file);
+        match std::fs::rename(temp, target) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(target.parent().expect("keys have a parent"))?;
+                std::fs::rename(temp, target)
+            }
+            other => other,
+        }
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(temp);
+    }
+    result
+}
+
+/// The keys of the files under `root` that start with `prefix`, sorted, walking only
+/// the deepest directory the prefix names in full.
+fn list_files(root: &Path, prefix: &str) -> std::io::Result<Vec<Key>> {
+    let start = match prefix.rfind('/') {
+        Some(slash) => &prefix[..slash],
+        None => "",
+    };
+    let mut keys = Vec::new();
+    let mut pending = vec![(root.join(start), start.to_owned())];
+    while let Some((dir, relative)) = pending.pop() {
+        let Some(entries) = not_found_as_none(std::fs::read_dir(&dir))? else {
+            continue;
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            let key = if relative.is_empty() { name.to_owned() } else { format!("{relative}/{name}") };
+            if entry.file_type()?.is_dir() {
+                if prefix.starts_with(&key) || key.starts_with(prefix) {
+                    pending.push((entry.path(), key));
+                }
+            } else if key.starts_with(prefix)
+                && let Some(key) = Key::parse(&key)
+            {
+                keys.push(key);
+            }
+        }
+    }
+    keys.sort();
+    Ok(keys)
 }
 
 async fn publish(temp: &Path, target: &Path) -> std::io::Result<()> {

@@ -17,12 +17,23 @@ pub struct Serve {
 impl Serve {
     /// Starts `nightshift serve` on a free port over `data_dir`, with `extra` arguments.
     // A start that times out panics the test, and the test process's exit ends the child.
-    #[allow(clippy::zombie_processes)]
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+        Self::start_over(Some(data_dir), extra)
+    }
+
+    /// Starts `nightshift serve` on a free port over the storage its `--config` names.
+    pub fn start_configured(config: &Path) -> Self {
+        Self::start_over(None, &["--config", config.to_str().unwrap()])
+    }
+
+    #[allow(clippy::zombie_processes)]
+    fn start_over(data_dir: Option<&Path>, extra: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_nightshift"));
+        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        if let Some(dir) = data_dir {
+            command.arg("--data-dir").arg(dir);
+        }
+        let mut child = command
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -52,7 +63,7 @@ impl Serve {
                     url: address.trim().to_owned(),
                     project_id,
                     api_key,
-                    data_dir: data_dir.to_owned(),
+                    data_dir: data_dir.map(Path::to_owned).unwrap_or_default(),
                 };
             }
         }

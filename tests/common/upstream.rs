@@ -39,14 +39,29 @@ struct Script {
     delay: Duration,
 }
 
-#[derive(Default)]
 struct Shared {
     script: Mutex<Script>,
+    /// While true, requests are not answered (those in flight and those that come).
+    held: tokio::sync::watch::Sender<bool>,
     calls: Mutex<HashMap<String, u32>>,
     paths: Mutex<HashMap<String, u32>>,
     total: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            script: Mutex::default(),
+            held: tokio::sync::watch::Sender::new(false),
+            calls: Mutex::default(),
+            paths: Mutex::default(),
+            total: AtomicU64::default(),
+            in_flight: AtomicU64::default(),
+            max_in_flight: AtomicU64::default(),
+        }
+    }
 }
 
 pub struct MockUpstream {
@@ -81,6 +96,15 @@ impl MockUpstream {
     /// Scripts the answers to a line's attempts, in order; the last one repeats.
     pub fn script(&self, line: &str, answers: Vec<Answer>) {
         self.shared.script.lock().unwrap().lines.insert(line.to_owned(), answers);
+    }
+
+    /// From now on, no request is answered (they stay in flight) until [`Self::release`].
+    pub fn hold(&self) {
+        self.shared.held.send_replace(true);
+    }
+
+    pub fn release(&self) {
+        self.shared.held.send_replace(false);
     }
 
     pub fn calls(&self, line: &str) -> u32 {
@@ -153,6 +177,8 @@ async fn complete(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+    let mut held = shared.held.subscribe();
+    let _ = held.wait_for(|held| !held).await;
     let _ = headers;
     match answer {
         Answer::Ok => {
