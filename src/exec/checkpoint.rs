@@ -22,14 +22,15 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::ExecError;
+use super::journal::{self, JOURNAL_PREFIX, journal_key};
 use super::owner::{Claim, ClaimName, claim_key, claims_prefix, newest};
 use crate::batches::Usage;
 use crate::ids::BatchId;
 use crate::storage::{Key, ObjectStore, StorageError};
 
 /// One committed chunk: the shard-local indexes of its records, in the order the
-/// records stand in the chunk files.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// records stand in the chunk files (or in its journal frame).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     pub seq: u32,
     pub writer: String,
@@ -39,19 +40,14 @@ pub struct Checkpoint {
     /// The error records' codes, counted (for the line metrics by code).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub codes: BTreeMap<String, u32>,
-}
-
-impl Checkpoint {
-    fn empty() -> Self {
-        Self {
-            seq: 0,
-            writer: String::new(),
-            out: Vec::new(),
-            err: Vec::new(),
-            usage: Usage::default(),
-            codes: BTreeMap::new(),
-        }
-    }
+    /// In a journal frame's header: the bytes of output, then error, records after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub err_bytes: Option<u64>,
+    /// Read from a journal: where in it the frame's records start.
+    #[serde(skip)]
+    pub journal_at: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +63,27 @@ pub fn shard_prefix(batch: &BatchId, shard: u32) -> String {
 pub fn checkpoint_key(batch: &BatchId, shard: u32, seq: u32, writer: &str) -> Key {
     Key::parse(&format!("{}checkpoint-{seq:08}-{writer}.json", shard_prefix(batch, shard)))
         .expect("checkpoint keys are valid")
+}
+
+/// Where a checkpoint's records of `kind` are: a range of its run's journal, or a chunk
+/// object of their own.
+pub fn chunk_location(
+    batch: &BatchId,
+    shard: u32,
+    checkpoint: &Checkpoint,
+    kind: ChunkKind,
+) -> (Key, Option<std::ops::Range<u64>>) {
+    match checkpoint.journal_at {
+        Some(at) => {
+            let out_end = at + checkpoint.out_bytes.unwrap_or(0);
+            let range = match kind {
+                ChunkKind::Out => at..out_end,
+                ChunkKind::Err => out_end..out_end + checkpoint.err_bytes.unwrap_or(0),
+            };
+            (journal_key(batch, shard, &checkpoint.writer), Some(range))
+        }
+        None => (chunk_key(batch, shard, checkpoint, kind), None),
+    }
 }
 
 pub fn chunk_key(batch: &BatchId, shard: u32, checkpoint: &Checkpoint, kind: ChunkKind) -> Key {
@@ -162,6 +179,8 @@ impl ShardLedger {
 #[derive(Default)]
 pub struct CheckpointReader {
     cache: Mutex<HashMap<Key, Arc<dyn std::any::Any + Send + Sync>>>,
+    /// Journals grow: what was read of each, to read on from.
+    journals: Mutex<HashMap<Key, journal::Decoded>>,
 }
 
 impl CheckpointReader {
@@ -174,17 +193,56 @@ impl CheckpointReader {
         shard: u32,
         requests: u64,
     ) -> Result<ShardLedger, ExecError> {
-        let prefix = format!("{}checkpoint-", shard_prefix(batch, shard));
+        let (owner, checkpoints) = self.checkpoints(store, batch, shard).await?;
+        Ok(ShardLedger::of(requests, owner, checkpoints))
+    }
+
+    /// Every checkpoint of a shard, counted or not, and its newest claim.
+    pub async fn checkpoints(
+        &self,
+        store: &dyn ObjectStore,
+        batch: &BatchId,
+        shard: u32,
+    ) -> Result<(Option<Arc<Claim>>, Vec<Arc<Checkpoint>>), ExecError> {
+        let prefix = shard_prefix(batch, shard);
         let mut checkpoints = Vec::new();
-        for key in store.list(&prefix).await? {
+        for key in store.list(&format!("{prefix}checkpoint-")).await? {
             checkpoints.push(self.read(store, &key).await?);
+        }
+        for key in store.list(&format!("{prefix}{JOURNAL_PREFIX}")).await? {
+            checkpoints.extend(self.read_journal(store, &key).await?);
         }
         let claims = store.list(&claims_prefix(batch, shard)).await?;
         let owner = match newest(&claims) {
             Some((_, key)) => Some(self.read(store, key).await?),
             None => None,
         };
-        Ok(ShardLedger::of(requests, owner, checkpoints))
+        Ok((owner, checkpoints))
+    }
+
+    /// A journal's checkpoints: those read before from memory, and the frames written
+    /// since from storage.
+    async fn read_journal(&self, store: &dyn ObjectStore, key: &Key) -> Result<Vec<Arc<Checkpoint>>, ExecError> {
+        let known = self.journals.lock().expect("journal cache").get(key).cloned().unwrap_or_default();
+        if known.broken {
+            return Ok(known.checkpoints);
+        }
+        let mut stream = store.read(key, Some(known.consumed..u64::MAX)).await?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+            bytes.extend_from_slice(&chunk?);
+        }
+        let decoded = journal::decode(&bytes, known.consumed);
+        if decoded.broken {
+            tracing::warn!(%key, at = known.consumed + decoded.consumed, "a journal frame's header is unreadable; nothing after it counts");
+        }
+        let mut journal = known;
+        journal.checkpoints.extend(decoded.checkpoints);
+        journal.consumed += decoded.consumed;
+        journal.broken = decoded.broken;
+        let checkpoints = journal.checkpoints.clone();
+        self.journals.lock().expect("journal cache").insert(key.clone(), journal);
+        Ok(checkpoints)
     }
 
     /// An object that never changes once written, from the cache or from storage.
@@ -210,6 +268,7 @@ impl CheckpointReader {
     pub fn forget(&self, batch: &BatchId) {
         let prefix = format!("batches/{batch}/");
         self.cache.lock().expect("checkpoint cache").retain(|key, _| !key.as_str().starts_with(&prefix));
+        self.journals.lock().expect("journal cache").retain(|key, _| !key.as_str().starts_with(&prefix));
     }
 }
 
@@ -232,6 +291,8 @@ pub struct ChunkWriter {
     err: Vec<u8>,
     pending: Checkpoint,
     claim: ClaimName,
+    /// Where storage writes in place: the run's journal, and where its next frame goes.
+    journal: Option<(Key, u64)>,
 }
 
 impl ChunkWriter {
@@ -246,9 +307,10 @@ impl ChunkWriter {
         let claim = Claim::over(ledger.owner.as_ref().map(|owner| owner.epoch), &writer, &ledger.checkpoints);
         let key = claim_key(&batch, shard, claim.epoch, &writer);
         store.put(&key, Bytes::from(serde_json::to_vec(&claim).expect("claims serialize"))).await?;
-        let pending = Checkpoint { seq: ledger.next_seq(), writer: writer.clone(), ..Checkpoint::empty() };
+        let journal = store.writes_in_place().then(|| (journal_key(&batch, shard, &writer), 0));
+        let pending = Checkpoint { seq: ledger.next_seq(), writer: writer.clone(), ..Checkpoint::default() };
         let claim = ClaimName { epoch: claim.epoch, writer };
-        Ok(Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending, claim })
+        Ok(Self { store, batch, shard, out: Vec::new(), err: Vec::new(), pending, claim, journal })
     }
 
     /// Adds an output record, written by `write` straight into the chunk's buffer.
@@ -277,26 +339,46 @@ impl ChunkWriter {
         self.out.len() + self.err.len()
     }
 
+    /// The run's journal, if it keeps one (to sync).
+    pub fn journal(&self) -> Option<&Key> {
+        self.journal.as_ref().map(|(key, _)| key)
+    }
+
     /// Everything pushed so far, as a group to commit; the writer starts the next one.
     pub fn take_group(&mut self) -> Option<Group> {
         if self.pending() == 0 {
             return None;
         }
-        let next = Checkpoint { seq: self.pending.seq + 1, writer: self.pending.writer.clone(), ..Checkpoint::empty() };
+        let next =
+            Checkpoint { seq: self.pending.seq + 1, writer: self.pending.writer.clone(), ..Checkpoint::default() };
         let checkpoint = std::mem::replace(&mut self.pending, next);
-        let chunk = |kind, bytes: Vec<u8>| {
-            (!bytes.is_empty()).then(|| (chunk_key(&self.batch, self.shard, &checkpoint, kind), Bytes::from(bytes)))
+        let (out, err) = (std::mem::take(&mut self.out), std::mem::take(&mut self.err));
+        let writes = match &mut self.journal {
+            Some((key, end)) => {
+                let frame = journal::encode(&checkpoint, &out, &err);
+                let at = *end;
+                *end += frame.len() as u64;
+                Writes::Journal { key: key.clone(), at, frame: Bytes::from(frame) }
+            }
+            None => {
+                let chunk = |kind, bytes: Vec<u8>| {
+                    (!bytes.is_empty())
+                        .then(|| (chunk_key(&self.batch, self.shard, &checkpoint, kind), Bytes::from(bytes)))
+                };
+                Writes::Objects {
+                    out: chunk(ChunkKind::Out, out),
+                    err: chunk(ChunkKind::Err, err),
+                    checkpoint_key: checkpoint_key(&self.batch, self.shard, checkpoint.seq, &checkpoint.writer),
+                    checkpoint: Bytes::from(serde_json::to_vec(&checkpoint).expect("checkpoints serialize")),
+                }
+            }
         };
-        let out = chunk(ChunkKind::Out, std::mem::take(&mut self.out));
-        let err = chunk(ChunkKind::Err, std::mem::take(&mut self.err));
         Some(Group {
             store: self.store.clone(),
-            out,
-            err,
-            checkpoint_key: checkpoint_key(&self.batch, self.shard, checkpoint.seq, &checkpoint.writer),
-            checkpoint: Bytes::from(serde_json::to_vec(&checkpoint).expect("checkpoints serialize")),
+            writes,
             claims: claims_prefix(&self.batch, self.shard),
             claim: self.claim.clone(),
+            sync: false,
         })
     }
 
@@ -309,38 +391,72 @@ impl ChunkWriter {
     }
 }
 
-/// Records made durable together: chunk files, then their checkpoint.
+/// Records made durable together.
 pub struct Group {
     store: Arc<dyn ObjectStore>,
-    out: Option<(Key, Bytes)>,
-    err: Option<(Key, Bytes)>,
-    checkpoint_key: Key,
-    checkpoint: Bytes,
+    writes: Writes,
     claims: String,
     claim: ClaimName,
+    /// Also make the run's journal durable against power loss (a journal frame is
+    /// durable against a crash of the process as soon as it is written).
+    pub sync: bool,
+}
+
+enum Writes {
+    /// A frame at the end of the run's journal.
+    Journal { key: Key, at: u64, frame: Bytes },
+    /// Chunk objects, then their checkpoint.
+    Objects { out: Option<(Key, Bytes)>, err: Option<(Key, Bytes)>, checkpoint_key: Key, checkpoint: Bytes },
 }
 
 impl Group {
-    /// Writes the chunks and, if the run still owns the shard, the checkpoint. Writes
-    /// the same objects each time: a failed commit may simply be tried again.
+    /// Writes the records and, if the run still owns the shard, what makes them count:
+    /// the checkpoint object (a journal frame counts only if the owner adopted it, so it
+    /// is written in one go). Writes the same bytes each time: a failed commit may simply
+    /// be tried again.
     pub async fn commit(&self) -> Result<Fence, StorageError> {
-        let put = |chunk: &Option<(Key, Bytes)>| {
-            let chunk = chunk.clone();
-            async move {
-                match chunk {
-                    Some((key, bytes)) => self.store.put(&key, bytes).await,
-                    None => Ok(()),
+        let store = self.store.as_ref();
+        match &self.writes {
+            Writes::Journal { key, at, frame } => {
+                let (written, fence) = tokio::join!(store.write_at(key, *at, frame.clone()), self.fence());
+                written?;
+                if self.sync {
+                    store.sync(key).await?;
                 }
+                fence
             }
-        };
-        let (out, err, claims) = tokio::join!(put(&self.out), put(&self.err), self.store.list(&self.claims));
-        out?;
-        err?;
-        if newest(&claims?).is_some_and(|(newest, _)| newest != self.claim) {
-            return Ok(Fence::Superseded);
+            Writes::Objects { out, err, checkpoint_key, checkpoint } => {
+                let put = |chunk: &Option<(Key, Bytes)>| {
+                    let chunk = chunk.clone();
+                    async move {
+                        match chunk {
+                            Some((key, bytes)) => store.put(&key, bytes).await,
+                            None => Ok(()),
+                        }
+                    }
+                };
+                let (out, err, fence) = tokio::join!(put(out), put(err), self.fence());
+                out?;
+                err?;
+                let fence = fence?;
+                if fence == Fence::Owner {
+                    store.put(checkpoint_key, checkpoint.clone()).await?;
+                }
+                Ok(fence)
+            }
         }
-        self.store.put(&self.checkpoint_key, self.checkpoint.clone()).await?;
-        Ok(Fence::Owner)
+    }
+
+    /// Whether the run still owns the shard: no newer claim, or a store no other process
+    /// writes to (where runs of a shard never overlap).
+    async fn fence(&self) -> Result<Fence, StorageError> {
+        if self.store.exclusive() {
+            return Ok(Fence::Owner);
+        }
+        Ok(match newest(&self.store.list(&self.claims).await?) {
+            Some((newest, _)) if newest != self.claim => Fence::Superseded,
+            _ => Fence::Owner,
+        })
     }
 }
 
@@ -353,7 +469,15 @@ mod tests {
         let mut ledger = ShardLedger::new(4);
         let usage = Usage { input_tokens: 1, output_tokens: 2, total_tokens: 3, ..Usage::default() };
         let codes = [("rate_limit_exceeded".to_owned(), 1)].into();
-        ledger.add(Arc::new(Checkpoint { seq: 0, writer: "a".into(), out: vec![0, 2], err: vec![1], usage, codes }));
+        ledger.add(Arc::new(Checkpoint {
+            seq: 0,
+            writer: "a".into(),
+            out: vec![0, 2],
+            err: vec![1],
+            usage,
+            codes,
+            ..Checkpoint::default()
+        }));
         assert_eq!((ledger.completed, ledger.failed), (2, 1));
         assert!(!ledger.is_complete());
         ledger.add(Arc::new(Checkpoint {
@@ -361,8 +485,8 @@ mod tests {
             writer: "b".into(),
             out: vec![2],
             err: vec![3, 9],
-            usage: Usage::default(),
             codes: [("server_error".to_owned(), 2)].into(),
+            ..Checkpoint::default()
         }));
         assert_eq!((ledger.completed, ledger.failed), (2, 2), "index 2 twice counts once; 9 is out of range");
         assert_eq!(ledger.codes, [("rate_limit_exceeded".to_owned(), 1), ("server_error".to_owned(), 2)].into());
@@ -374,14 +498,7 @@ mod tests {
     #[test]
     fn a_ledger_counts_only_what_the_shards_owner_counts() {
         let checkpoint = |writer: &str, seq, out: Vec<u32>| {
-            Arc::new(Checkpoint {
-                seq,
-                writer: writer.into(),
-                out,
-                err: vec![],
-                usage: Usage::default(),
-                codes: BTreeMap::new(),
-            })
+            Arc::new(Checkpoint { seq, writer: writer.into(), out, ..Checkpoint::default() })
         };
         // a committed 0 and 1; b claimed having seen a's 0 only, then committed 2; a's 1
         // landed after b's claim (a was superseded, and learns at its next commit).

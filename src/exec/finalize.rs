@@ -5,7 +5,7 @@
 
 use futures_util::StreamExt;
 
-use super::checkpoint::{Checkpoint, ChunkKind, ShardLedger, chunk_key};
+use super::checkpoint::{Checkpoint, ChunkKind, ShardLedger, chunk_location};
 use super::{ExecContext, ExecError};
 use crate::batches::{BatchSpec, RequestCounts, ReservedFiles};
 use crate::files::{ExpiresAfter, FileRecord, NewFile, Purpose, Upload};
@@ -76,7 +76,8 @@ async fn copy_chunk(
         return Ok(0);
     }
     let seq = checkpoint.seq;
-    let mut stream = ctx.store.read(&chunk_key(&spec.id, shard, checkpoint, kind), None).await?;
+    let (key, range) = chunk_location(&spec.id, shard, checkpoint, kind);
+    let mut stream = ctx.store.read(&key, range).await?;
     let mut buffer = bytes::BytesMut::new();
     let mut record = 0usize;
     let mut copied = 0;

@@ -11,6 +11,7 @@ pub mod echo;
 pub mod failure;
 pub mod finalize;
 pub mod input;
+pub mod journal;
 pub mod limiter;
 pub mod owner;
 pub mod records;

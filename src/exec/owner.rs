@@ -83,17 +83,9 @@ pub fn newest(keys: &[Key]) -> Option<(ClaimName, &Key)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batches::Usage;
 
     fn checkpoint(writer: &str, seq: u32) -> Arc<Checkpoint> {
-        Arc::new(Checkpoint {
-            seq,
-            writer: writer.into(),
-            out: vec![],
-            err: vec![],
-            usage: Usage::default(),
-            codes: BTreeMap::new(),
-        })
+        Arc::new(Checkpoint { seq, writer: writer.into(), ..Checkpoint::default() })
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub async fn run_shard(
     let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flush_due = false;
+    let (mut sync_due, mut unsynced) = (false, false);
     // A granted worker whose allowance is spent holds its next line until more comes.
     let mut grants = ctx.quota.grants();
     let mut waiting_for_tokens = false;
@@ -142,8 +143,11 @@ pub async fn run_shard(
             && (awaiting.len() >= in_flight.len() || awaiting_since.is_some_and(|since| since.elapsed() >= GROUP_WAIT));
         if committing.is_none()
             && (group_ready || flush_due || full(&writer) || !dispatching)
-            && let Some(group) = writer.take_group()
+            && let Some(mut group) = writer.take_group()
         {
+            // A journal is synced at the checkpoint interval, with the commit under way then.
+            group.sync = std::mem::take(&mut sync_due);
+            unsynced = !group.sync;
             let group = Arc::new(group);
             let write = Box::pin(commit_durably(group.clone(), spec.id.clone(), shard.index, None));
             committing = Some(Committing { group, write, permits: std::mem::take(&mut awaiting) });
@@ -206,6 +210,7 @@ pub async fn run_shard(
             _ = sleep_until_option(awaiting_since.map(|since| since + GROUP_WAIT)), if committing.is_none() => {}
             _ = flush.tick() => {
                 flush_due = true;
+                sync_due = unsynced;
             }
             permit = acquire(permits), if dispatching && ready.is_some() && !waiting_for_tokens => {
                 let request = ready.take().expect("guarded by ready.is_some()");
@@ -226,10 +231,21 @@ pub async fn run_shard(
     // What is recorded is committed, with a few tries left for storage (a commit
     // still trying when the grace period ended is tried again from the start).
     let unfinished = committing.take().map(|committing| committing.group);
-    for group in unfinished.into_iter().chain(writer.take_group().map(Arc::new)) {
+    let last = writer.take_group().map(|mut group| {
+        group.sync = true;
+        Arc::new(group)
+    });
+    let synced = last.is_some();
+    for group in unfinished.into_iter().chain(last) {
         if commit_durably(group, spec.id.clone(), shard.index, Some(FINAL_ATTEMPTS)).await? == Fence::Superseded {
             return Ok(superseded(spec, shard, 0));
         }
+    }
+    if unsynced
+        && !synced
+        && let Some(journal) = writer.journal()
+    {
+        ctx.store.sync(journal).await?;
     }
     Ok(if dispatching && input.done && in_flight.is_empty() { ShardExit::Finished } else { ShardExit::Stopped })
 }

@@ -88,6 +88,33 @@ impl ObjectStore for DirStore {
         Ok(())
     }
 
+    fn exclusive(&self) -> bool {
+        true
+    }
+
+    fn writes_in_place(&self) -> bool {
+        true
+    }
+
+    async fn write_at(&self, key: &Key, offset: u64, bytes: Bytes) -> Result<(), StorageError> {
+        let path = self.path(key);
+        tokio::task::spawn_blocking(move || write_file_at(&path, offset, &bytes))
+            .await
+            .map_err(|error| StorageError::Backend(format!("a blocking write panicked: {error}")))??;
+        if offset == 0 {
+            self.index.added(key).await;
+        }
+        Ok(())
+    }
+
+    async fn sync(&self, key: &Key) -> Result<(), StorageError> {
+        let path = self.path(key);
+        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(path)?.sync_data())
+            .await
+            .map_err(|error| StorageError::Backend(format!("a blocking sync panicked: {error}")))??;
+        Ok(())
+    }
+
     async fn get(&self, key: &Key) -> Result<Bytes, StorageError> {
         // One blocking call for a small object, not one per step of a stream.
         let bytes = not_found_as_none(fs::read(self.path(key)).await)?;
@@ -147,6 +174,20 @@ impl DirWriter {
     fn file(&mut self) -> &mut BufWriter<fs::File> {
         self.file.as_mut().expect("writer used after finish")
     }
+}
+
+/// Writes `bytes` at `offset` of the file at `path`, creating it (and its directory).
+fn write_file_at(path: &Path, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let open = || std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path);
+    let file = match open() {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path.parent().expect("keys have a parent"))?;
+            open()?
+        }
+        other => other?,
+    };
+    file.write_all_at(bytes, offset)
 }
 
 /// Writes `bytes` to `temp`, syncs it and renames it to `target`; removes `temp` on failure.

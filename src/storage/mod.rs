@@ -97,6 +97,33 @@ pub trait ObjectStore: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// Whether this process is the store's only writer: a data directory is locked by the
+    /// process that uses it, while S3 is shared by every pod. Fencing checks that a shard
+    /// still belongs to a run only where another process could have claimed it.
+    fn exclusive(&self) -> bool {
+        false
+    }
+
+    /// Whether objects can be written in place ([`ObjectStore::write_at`]): a local
+    /// directory can, S3 cannot. Workers then keep a journal per run, written at its end
+    /// on every commit, instead of two new objects per commit.
+    fn writes_in_place(&self) -> bool {
+        false
+    }
+
+    /// Writes `bytes` at `offset` of `key`, creating it if needed; visible to readers at
+    /// once (a reader may see part of it), durable against a crash of this process, and
+    /// against power loss only after [`ObjectStore::sync`]. The same call may be made
+    /// again after a failure.
+    async fn write_at(&self, key: &Key, _offset: u64, _bytes: Bytes) -> Result<(), StorageError> {
+        Err(StorageError::Backend(format!("{key}: this store cannot write in place")))
+    }
+
+    /// Makes what [`ObjectStore::write_at`] wrote to `key` durable against power loss.
+    async fn sync(&self, _key: &Key) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     /// Writes a small object in one call.
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {
         let mut writer = self.writer(key).await?;

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use nightshift::exec::checkpoint::{Checkpoint, ChunkKind, chunk_key};
+use nightshift::exec::checkpoint::{CheckpointReader, ChunkKind, chunk_location};
 use nightshift::ids::BatchId;
 use nightshift::storage::ObjectStore;
 use serde_json::Value;
@@ -27,26 +27,37 @@ pub async fn settle(upstream: &MockUpstream) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
-/// The custom_ids of every committed record of every batch in `store` but `except`.
+/// The custom_ids of every committed record of every batch in `store` but `except`
+/// (counted or not by the shard's owner: a record committed by any run).
 pub async fn committed_custom_ids(store: &dyn ObjectStore, except: &[&str]) -> HashSet<String> {
-    let mut ids = HashSet::new();
+    let mut shards = std::collections::BTreeSet::new();
     for key in store.list("batches/").await.unwrap() {
-        // batches/<batch id>/shard-<index>/checkpoint-<seq>-<writer>.json
+        // batches/<batch id>/shard-<index>/...
         let parts: Vec<&str> = key.as_str().split('/').collect();
-        if parts.len() != 4 || !parts[3].starts_with("checkpoint-") || except.contains(&parts[1]) {
-            continue;
+        if parts.len() >= 4 && parts[2].starts_with("shard-") && !except.contains(&parts[1]) {
+            shards.insert((parts[1].to_owned(), parts[2].strip_prefix("shard-").unwrap().parse::<u32>().unwrap()));
         }
-        let batch = BatchId::parse(parts[1]).unwrap();
-        let shard: u32 = parts[2].strip_prefix("shard-").unwrap().parse().unwrap();
-        let checkpoint: Checkpoint = serde_json::from_slice(&store.get(&key).await.unwrap()).unwrap();
-        for (kind, records) in [(ChunkKind::Out, &checkpoint.out), (ChunkKind::Err, &checkpoint.err)] {
-            if records.is_empty() {
-                continue;
-            }
-            let chunk = store.get(&chunk_key(&batch, shard, &checkpoint, kind)).await.unwrap();
-            for line in chunk.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
-                let record: Value = serde_json::from_slice(line).unwrap();
-                ids.insert(record["custom_id"].as_str().unwrap().to_owned());
+    }
+    let reader = CheckpointReader::default();
+    let mut ids = HashSet::new();
+    for (batch, shard) in shards {
+        let batch = BatchId::parse(&batch).unwrap();
+        let (_, checkpoints) = reader.checkpoints(store, &batch, shard).await.unwrap();
+        for checkpoint in checkpoints {
+            for (kind, records) in [(ChunkKind::Out, &checkpoint.out), (ChunkKind::Err, &checkpoint.err)] {
+                if records.is_empty() {
+                    continue;
+                }
+                let (key, range) = chunk_location(&batch, shard, &checkpoint, kind);
+                let mut stream = store.read(&key, range).await.unwrap();
+                let mut chunk = Vec::new();
+                while let Some(bytes) = futures_util::StreamExt::next(&mut stream).await {
+                    chunk.extend_from_slice(&bytes.unwrap());
+                }
+                for line in chunk.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+                    let record: Value = serde_json::from_slice(line).unwrap();
+                    ids.insert(record["custom_id"].as_str().unwrap().to_owned());
+                }
             }
         }
     }
