@@ -150,6 +150,14 @@ pub struct S3Config {
     pub access_key_id_env: Option<String>,
     #[serde(default)]
     pub secret_access_key_env: Option<String>,
+    /// How long a request waits for the server's next bytes before its attempt fails
+    /// and is tried again (a stalled server is an error, not a hang).
+    #[serde(default = "default_s3_timeout", deserialize_with = "duration::deserialize_precise")]
+    pub timeout: Duration,
+}
+
+fn default_s3_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_region() -> String {

@@ -32,6 +32,7 @@ pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn Object
             prefix: s3.prefix.clone(),
             path_style: s3.path_style,
             keys,
+            timeout: s3.timeout,
         })));
     }
     let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;

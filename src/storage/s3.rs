@@ -32,6 +32,10 @@ pub struct S3Settings {
     pub path_style: bool,
     /// `None`: the AWS SDK's default credential chain (see [`super::credentials`]).
     pub keys: Option<StaticKeys>,
+    /// How long a request may wait for the server's next bytes (and to connect) before
+    /// the attempt fails and the SDK tries again: a stalled server is then an error
+    /// like any other, not a request that hangs forever.
+    pub timeout: std::time::Duration,
 }
 
 pub struct S3Store {
@@ -59,6 +63,15 @@ impl S3Store {
         if let Some(endpoint) = settings.endpoint {
             config = config.endpoint_url(endpoint);
         }
+        // Throttling (503 SlowDown), 5xx answers, resets and timeouts are tried again, three
+        // attempts with jittered backoff, as AWS advises; built by hand, the config has no retries.
+        config = config.retry_config(aws_sdk_s3::config::retry::RetryConfig::standard());
+        config = config.timeout_config(
+            aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                .connect_timeout(settings.timeout.min(std::time::Duration::from_secs(5)))
+                .read_timeout(settings.timeout)
+                .build(),
+        );
         let prefix = match settings.prefix.trim_matches('/') {
             "" => String::new(),
             trimmed => format!("{trimmed}/"),

@@ -25,19 +25,23 @@ impl Client {
     }
 
     pub async fn upload(&self, content: Vec<u8>) -> String {
+        let (_, file) = self.try_upload(content).await;
+        file["id"].as_str().unwrap_or_else(|| panic!("upload failed: {file}")).to_owned()
+    }
+
+    /// Uploads a batch input; returns the status code and the body.
+    pub async fn try_upload(&self, content: Vec<u8>) -> (u16, Value) {
         let form = reqwest::multipart::Form::new()
             .text("purpose", "batch")
             .part("file", reqwest::multipart::Part::bytes(content).file_name("input.jsonl"));
-        let file: Value = self
-            .request(reqwest::Method::POST, "/v1/files")
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        file["id"].as_str().unwrap_or_else(|| panic!("upload failed: {file}")).to_owned()
+        let response = self.request(reqwest::Method::POST, "/v1/files").multipart(form).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    /// GETs `path`; returns the status code and the body.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.request(reqwest::Method::GET, path).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
     }
 
     /// Creates a batch; returns the status code and the body.

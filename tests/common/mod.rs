@@ -5,6 +5,7 @@
 pub mod client;
 pub mod cluster;
 pub mod committed;
+pub mod faults;
 pub mod image;
 pub mod multipart;
 pub mod node;
@@ -105,6 +106,7 @@ impl TestS3 {
                 secret_access_key: S3_SECRET_KEY.into(),
                 session_token: None,
             }),
+            timeout: Duration::from_secs(30),
         }
     }
 
