@@ -3,6 +3,9 @@
 //! files. Each request's first record wins, so every input line lands in exactly
 //! one of the two files even if two workers once raced on a shard.
 
+use std::ops::Range;
+
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
 
 use super::checkpoint::{Checkpoint, ChunkKind, ShardLedger, chunk_location};
@@ -10,7 +13,7 @@ use super::{ExecContext, ExecError};
 use crate::batches::{BatchSpec, RequestCounts, ReservedFiles};
 use crate::files::{ExpiresAfter, FileRecord, NewFile, Purpose, Upload};
 use crate::ids::FileId;
-use crate::storage::StorageError;
+use crate::storage::{ByteStream, Key, ObjectStore, StorageError};
 
 /// The files a finalize produced, and the counts read off them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,11 +35,11 @@ pub async fn finalize(
     for (shard, ledger) in spec.plan.shards.iter().zip(ledgers) {
         counts.total += shard.requests;
         let mut seen = vec![false; shard.requests as usize];
+        let mut journal = JournalCursor::default();
         for checkpoint in &ledger.checkpoints {
-            counts.completed +=
-                copy_chunk(ctx, spec, shard.index, checkpoint, ChunkKind::Out, &mut seen, &mut output).await?;
-            counts.failed +=
-                copy_chunk(ctx, spec, shard.index, checkpoint, ChunkKind::Err, &mut seen, &mut errors).await?;
+            let mut copy = Copy { ctx, spec, shard: shard.index, checkpoint, seen: &mut seen, journal: &mut journal };
+            counts.completed += copy.chunk(ChunkKind::Out, &mut output).await?;
+            counts.failed += copy.chunk(ChunkKind::Err, &mut errors).await?;
         }
     }
     let file = |suffix: &str, is_error| NewFile {
@@ -58,52 +61,114 @@ async fn publish(upload: Upload, wanted: bool, file: NewFile) -> Result<Option<F
     Ok(Some(upload.commit(file).await?))
 }
 
-/// Appends the records of one chunk whose requests were not seen yet; returns how many.
-async fn copy_chunk(
-    ctx: &ExecContext,
-    spec: &BatchSpec,
+/// One checkpoint's records on their way to the output and error files.
+struct Copy<'a> {
+    ctx: &'a ExecContext,
+    spec: &'a BatchSpec,
     shard: u32,
-    checkpoint: &Checkpoint,
-    kind: ChunkKind,
-    seen: &mut [bool],
-    into: &mut Upload,
-) -> Result<u64, ExecError> {
-    let indexes = match kind {
-        ChunkKind::Out => &checkpoint.out,
-        ChunkKind::Err => &checkpoint.err,
-    };
-    if indexes.is_empty() {
-        return Ok(0);
-    }
-    let seq = checkpoint.seq;
-    let (key, range) = chunk_location(&spec.id, shard, checkpoint, kind);
-    let mut stream = ctx.store.read(&key, range).await?;
-    let mut buffer = bytes::BytesMut::new();
-    let mut record = 0usize;
-    let mut copied = 0;
-    loop {
-        while let Some(newline) = memchr::memchr(b'\n', &buffer) {
-            let line = buffer.split_to(newline + 1).freeze();
-            if let Some(&index) = indexes.get(record)
-                && let Some(slot) = seen.get_mut(index as usize).filter(|slot| !**slot)
-            {
-                *slot = true;
-                into.write(line).await?;
-                copied += 1;
+    checkpoint: &'a Checkpoint,
+    seen: &'a mut [bool],
+    journal: &'a mut JournalCursor,
+}
+
+impl Copy<'_> {
+    /// Appends the records of `kind` whose requests were not seen yet; returns how many.
+    async fn chunk(&mut self, kind: ChunkKind, into: &mut Upload) -> Result<u64, ExecError> {
+        let indexes = match kind {
+            ChunkKind::Out => &self.checkpoint.out,
+            ChunkKind::Err => &self.checkpoint.err,
+        };
+        if indexes.is_empty() {
+            return Ok(0);
+        }
+        let (key, range) = chunk_location(&self.spec.id, self.shard, self.checkpoint, kind);
+        let mut stream = match range {
+            // A journal's frames are read in order over one stream, not one open per frame.
+            Some(range) => {
+                let bytes = self.journal.read(self.ctx.store.as_ref(), &key, range).await?;
+                futures_util::stream::once(std::future::ready(Ok(bytes))).boxed()
             }
-            record += 1;
+            None => self.ctx.store.read(&key, None).await?,
+        };
+        let mut buffer = bytes::BytesMut::new();
+        let mut record = 0usize;
+        let mut copied = 0;
+        loop {
+            while let Some(newline) = memchr::memchr(b'\n', &buffer) {
+                let line = buffer.split_to(newline + 1).freeze();
+                if let Some(&index) = indexes.get(record)
+                    && let Some(slot) = self.seen.get_mut(index as usize).filter(|slot| !**slot)
+                {
+                    *slot = true;
+                    into.write(line).await?;
+                    copied += 1;
+                }
+                record += 1;
+            }
+            match stream.next().await {
+                Some(chunk) => buffer.extend_from_slice(&chunk?),
+                None => break,
+            }
         }
-        match stream.next().await {
-            Some(chunk) => buffer.extend_from_slice(&chunk?),
-            None => break,
+        if record != indexes.len() {
+            return Err(ExecError::Corrupt(format!(
+                "chunk {} of shard {} of {} holds {record} records, its checkpoint lists {}",
+                self.checkpoint.seq,
+                self.shard,
+                self.spec.id,
+                indexes.len()
+            )));
         }
+        Ok(copied)
     }
-    if record != indexes.len() {
-        return Err(ExecError::Corrupt(format!(
-            "chunk {seq} of shard {shard} of {} holds {record} records, its checkpoint lists {}",
-            spec.id,
-            indexes.len()
-        )));
+}
+
+/// Reads ranges of a journal in increasing order over one open stream, skipping what
+/// lies between (frame headers, records of the other kind).
+#[derive(Default)]
+struct JournalCursor {
+    open: Option<OpenJournal>,
+}
+
+struct OpenJournal {
+    key: Key,
+    /// Where in the journal `pending` starts.
+    position: u64,
+    stream: ByteStream,
+    pending: Bytes,
+}
+
+impl JournalCursor {
+    async fn read(&mut self, store: &dyn ObjectStore, key: &Key, range: Range<u64>) -> Result<Bytes, StorageError> {
+        let reusable = self.open.as_ref().is_some_and(|open| open.key == *key && open.position <= range.start);
+        let open = match &mut self.open {
+            Some(open) if reusable => open,
+            slot => slot.insert(OpenJournal {
+                key: key.clone(),
+                position: range.start,
+                stream: store.read(key, Some(range.start..u64::MAX)).await?,
+                pending: Bytes::new(),
+            }),
+        };
+        let mut bytes = BytesMut::with_capacity((range.end - range.start) as usize);
+        while open.position < range.end {
+            if open.pending.is_empty() {
+                match open.stream.next().await {
+                    Some(chunk) => open.pending = chunk?,
+                    None => break,
+                }
+            }
+            let available = open.pending.len() as u64;
+            if open.position < range.start {
+                let skip = (range.start - open.position).min(available);
+                open.pending.advance(skip as usize);
+                open.position += skip;
+            } else {
+                let take = (range.end - open.position).min(available) as usize;
+                bytes.extend_from_slice(&open.pending.split_to(take));
+                open.position += take as u64;
+            }
+        }
+        Ok(bytes.freeze())
     }
-    Ok(copied)
 }

@@ -105,7 +105,12 @@ pub async fn run_shard(
     let mut writer = ChunkWriter::claim(ctx.store.clone(), spec.id.clone(), shard.index, ledger).await?;
     let range = shard.byte_start..shard.byte_end;
     let mut input = NumberedLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
-    let expiry = deadline_at(spec.expires_at);
+    // Timers made once and reset, not one per turn of the loop: registering a timer
+    // takes the time driver's lock, and the loop turns once per line.
+    let expiry = tokio::time::sleep_until(deadline_at(spec.expires_at));
+    tokio::pin!(expiry);
+    let group_due = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(group_due);
 
     let mut ready: Option<Ready> = None;
     let mut in_flight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
@@ -189,7 +194,7 @@ pub async fn run_shard(
                 dispatching = false;
                 grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
             }
-            _ = tokio::time::sleep_until(expiry), if dispatching => {
+            () = &mut expiry, if dispatching => {
                 dispatching = false;
                 grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
             }
@@ -205,9 +210,13 @@ pub async fn run_shard(
                 waiting_for_tokens = false;
                 record(ctx, spec, shard, &mut writer, done.index, &done.custom_id, done.outcome);
                 awaiting.push((done.upstream, done.permit));
-                awaiting_since.get_or_insert_with(Instant::now);
+                if awaiting_since.is_none() {
+                    let now = Instant::now();
+                    awaiting_since = Some(now);
+                    group_due.as_mut().reset(now + GROUP_WAIT);
+                }
             }
-            _ = sleep_until_option(awaiting_since.map(|since| since + GROUP_WAIT)), if committing.is_none() => {}
+            () = &mut group_due, if committing.is_none() && awaiting_since.is_some() => {}
             _ = flush.tick() => {
                 flush_due = true;
                 sync_due = unsynced;
