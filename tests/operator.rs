@@ -18,7 +18,7 @@ use common::proxy::Partition;
 use common::sts::Sts;
 use common::upstream::MockUpstream;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -506,6 +506,65 @@ async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
     eprintln!("{} committed at the kill, {} sent again", committed.len(), resent.len());
     let job = &operator.jobs().await[0];
     assert_eq!(job.status.as_ref().and_then(|s| s.failed), Some(1), "the killed pod counts as a failure");
+}
+
+/// Two pods on one shard at once, as when the Job controller gave up on a pod whose node
+/// stopped answering and started another while the first still ran: a pod with the Job
+/// pod's own spec claims the shard; the Job's pod learns it is superseded at its next
+/// commit, stops and fails. Every line is in the output once, and what the shard's owner
+/// counts records each line once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_pods_on_one_shard_the_superseded_one_stops_and_its_later_commits_never_count() {
+    let operator = Operator::start(100, Duration::from_millis(200), 2).await;
+    let upstream = &operator.upstream;
+    let sdk = tokio::task::spawn_blocking({
+        let python = common::tools::python();
+        let url = operator.api_url.clone();
+        move || {
+            Command::new(python)
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
+                .env("NIGHTSHIFT_URL", url)
+                .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
+                .env("NIGHTSHIFT_API_KEY", common::KEY)
+                .env("LINES", "40")
+                .output()
+                .unwrap()
+        }
+    });
+    let job_pod = eventually("a worker pod with lines done", 60, || {
+        let pods = operator.kubelet.running_pods();
+        let calls = upstream.total_calls();
+        async move { (calls >= 4).then(|| pods.first().cloned()).flatten() }
+    })
+    .await;
+    let pods = Api::<Pod>::namespaced(operator.cluster.client().await, NS);
+    let spec = pods.get(&job_pod).await.unwrap().spec;
+    let second = Pod {
+        metadata: ObjectMeta { name: Some(format!("{job_pod}-second")), ..ObjectMeta::default() },
+        spec,
+        ..Pod::default()
+    };
+    pods.create(&PostParams::default(), &second).await.unwrap();
+    eventually("the Job's pod superseded", 60, || {
+        let log = operator.kubelet.pod_log(&job_pod);
+        async move { log.contains("a newer run claimed shard 0").then_some(()) }
+    })
+    .await;
+
+    let output = sdk.await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let finished: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    check_results(&finished, 40);
+    let batch = nightshift::ids::BatchId::parse(finished["id"].as_str().unwrap()).unwrap();
+    let store = operator.s3.store();
+    let claims = store.list(&nightshift::exec::owner::claims_prefix(&batch, 0)).await.unwrap();
+    assert!(claims.len() >= 2, "the Job's pod and the second one claimed the shard: {claims:?}");
+    let reader = nightshift::exec::checkpoint::CheckpointReader::default();
+    let ledger = reader.ledger(store.as_ref(), &batch, 0, 40).await.unwrap();
+    let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
+    counted.sort();
+    assert_eq!(counted, (0..40).collect::<Vec<_>>(), "each line recorded once in what counts");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
