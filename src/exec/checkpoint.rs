@@ -207,14 +207,14 @@ impl CheckpointReader {
         let prefix = shard_prefix(batch, shard);
         let mut checkpoints = Vec::new();
         for key in store.list(&format!("{prefix}checkpoint-")).await? {
-            checkpoints.push(self.read(store, &key).await?);
+            checkpoints.push(self.read(store, &key, "checkpoint").await?);
         }
         for key in store.list(&format!("{prefix}{JOURNAL_PREFIX}")).await? {
             checkpoints.extend(self.read_journal(store, &key).await?);
         }
         let claims = store.list(&claims_prefix(batch, shard)).await?;
         let owner = match newest(&claims) {
-            Some((_, key)) => Some(self.read(store, key).await?),
+            Some((_, key)) => Some(self.read(store, key, "claim").await?),
             None => None,
         };
         Ok((owner, checkpoints))
@@ -246,7 +246,7 @@ impl CheckpointReader {
     }
 
     /// An object that never changes once written, from the cache or from storage.
-    async fn read<T>(&self, store: &dyn ObjectStore, key: &Key) -> Result<Arc<T>, ExecError>
+    async fn read<T>(&self, store: &dyn ObjectStore, key: &Key, what: &str) -> Result<Arc<T>, ExecError>
     where
         T: serde::de::DeserializeOwned + Send + Sync + 'static,
     {
@@ -258,7 +258,7 @@ impl CheckpointReader {
         }
         let bytes = store.get(key).await?;
         let value: T =
-            serde_json::from_slice(&bytes).map_err(|e| ExecError::Corrupt(format!("unreadable {key}: {e}")))?;
+            serde_json::from_slice(&bytes).map_err(|e| ExecError::Corrupt(format!("unreadable {what} {key}: {e}")))?;
         let value = Arc::new(value);
         self.cache.lock().expect("checkpoint cache").insert(key.clone(), value.clone());
         Ok(value)

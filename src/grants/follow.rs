@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
-use super::{Ack, TokenUse, read_grant, write_ack};
+use super::{Ack, TokenUse, read_ack, read_grant, write_ack};
 use crate::exec::ExecContext;
 
 /// How often a worker looks at its grant.
 pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+/// How often a worker writes its acknowledgment even when nothing changed: two runs of
+/// one Job (a pod given up on, still running, and its replacement) share it, and the
+/// live one's must not stay overwritten by the other's.
+pub const ACK_AGAIN_EVERY: Duration = Duration::from_secs(5);
 
 /// One run of a worker, as it follows its grant.
 pub struct Run<'a> {
@@ -25,7 +29,7 @@ impl Run<'_> {
     /// Follows the grant forever (the caller stops it by dropping it).
     pub async fn follow(&self) {
         let (store, upstreams, quota) = (self.exec.store.as_ref(), &self.exec.upstreams, &self.exec.quota);
-        let mut last: Option<Ack> = None;
+        let mut last: Option<(Ack, tokio::time::Instant)> = None;
         loop {
             match read_grant(store, self.worker).await {
                 Ok(grant) => {
@@ -47,9 +51,11 @@ impl Run<'_> {
                             waiting: quota.waiting(),
                         }),
                     };
-                    if last.as_ref() != Some(&ack) {
+                    let fresh =
+                        last.as_ref().is_some_and(|(written, at)| *written == ack && at.elapsed() < ACK_AGAIN_EVERY);
+                    if !fresh {
                         match write_ack(store, self.worker, &ack).await {
-                            Ok(()) => last = Some(ack),
+                            Ok(()) => last = Some((ack, tokio::time::Instant::now())),
                             Err(error) => tracing::warn!(%error, "could not acknowledge the grant"),
                         }
                     }
@@ -60,8 +66,17 @@ impl Run<'_> {
         }
     }
 
-    /// Says that this run holds nothing any more (it is exiting), with what it spent.
+    /// Says that this run holds nothing any more (it is exiting), with what it spent;
+    /// unless another run of the same Job is live and acknowledged last (this one was
+    /// superseded by it): releasing would take that run's grant away.
     pub async fn release(&self) {
+        let store = self.exec.store.as_ref();
+        if let Ok(Some(current)) = read_ack(store, self.worker).await
+            && current.run != self.run
+            && !current.released
+        {
+            return;
+        }
         let quota = &self.exec.quota;
         let ack = Ack {
             released: true,
