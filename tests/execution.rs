@@ -416,19 +416,19 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
         s3.bucket, s3.endpoint
     );
     let upstream = MockUpstream::start().await;
-    upstream.delay(Duration::from_millis(300));
+    upstream.delay(Duration::from_millis(150));
     let data = TempDir::new().unwrap();
     let serve_config = write_config(
         data.path(),
         &format!(
             "{storage}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: 2\n    \
-             timeout: 5s\nbatches:\n  shard_lines: 7\n  checkpoint_interval: 50ms\n  reconcile_interval: 100ms\n",
+             timeout: 5s\nbatches:\n  shard_lines: 40\n  checkpoint_interval: 50ms\n  reconcile_interval: 100ms\n",
             upstream.base_url
         ),
     );
     let serve = Serve::start_configured(&serve_config);
     let client = Client::new(&serve.url, PROJECT, KEY);
-    let custom_ids = ids("f", 14);
+    let custom_ids = ids("f", 40);
     let lines = input(&custom_ids, "mock-a");
     let file = client.upload(lines.clone()).await;
     let batch = client.create(&file).await;
@@ -436,8 +436,9 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
     while upstream.total_calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Shard 0 holds the first 7 lines (serve_with's shard_lines).
-    let shard_end = lines.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(6).unwrap().0 + 1;
+    // One shard of 40 lines: a run of it takes seconds, where taking it over takes a
+    // commit and a pass (a fraction of one).
+    let shard_end = lines.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(39).unwrap().0 + 1;
     let config = data.path().join("worker.yaml");
     std::fs::write(
         &config,
@@ -451,7 +452,7 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
     let worker = std::process::Command::new(env!("CARGO_BIN_EXE_nightshift"))
         .args(["worker", "--config", config.to_str().unwrap(), "--batch-id", &id, "--project-id", PROJECT])
         .args(["--input-file-id", &file, "--expires-at", &batch["expires_at"].to_string(), "--shard-index", "0"])
-        .args(["--first-request", "0", "--requests", "7", "--byte-start", "0", "--byte-end", &shard_end.to_string()])
+        .args(["--first-request", "0", "--requests", "40", "--byte-start", "0", "--byte-end", &shard_end.to_string()])
         .env("RUST_LOG", "warn")
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -465,7 +466,7 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
     let batch = client.wait_terminal(&id, MINUTE).await;
     assert_eq!(batch["status"], "completed", "{batch}");
     let results = client.results(&batch, &custom_ids).await;
-    assert_eq!(results.output.len(), 14);
+    assert_eq!(results.output.len(), 40);
     let metrics = reqwest::get(format!("{}/metrics", serve.url)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("nightshift_superseded_runs_total 1"), "serve's run of shard 0 was superseded once");
 
@@ -477,10 +478,10 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
             .unwrap();
     assert!(claims.len() >= 3, "serve, the worker, serve again: {claims:?}");
     let reader = nightshift::exec::checkpoint::CheckpointReader::default();
-    let ledger = reader.ledger(store.as_ref(), &batch_id, 0, 7).await.unwrap();
+    let ledger = reader.ledger(store.as_ref(), &batch_id, 0, 40).await.unwrap();
     let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
     counted.sort();
-    assert_eq!(counted, (0..7).collect::<Vec<_>>(), "each line of the shard recorded once in what counts");
+    assert_eq!(counted, (0..40).collect::<Vec<_>>(), "each line of the shard recorded once in what counts");
 }
 
 #[tokio::test]

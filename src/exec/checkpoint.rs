@@ -209,8 +209,11 @@ impl CheckpointReader {
         for key in store.list(&format!("{prefix}checkpoint-")).await? {
             checkpoints.push(self.read(store, &key, "checkpoint").await?);
         }
-        for key in store.list(&format!("{prefix}{JOURNAL_PREFIX}")).await? {
-            checkpoints.extend(self.read_journal(store, &key).await?);
+        // Journals exist only where storage writes in place: elsewhere, no listing for them.
+        if store.writes_in_place() {
+            for key in store.list(&format!("{prefix}{JOURNAL_PREFIX}")).await? {
+                checkpoints.extend(self.read_journal(store, &key).await?);
+            }
         }
         let claims = store.list(&claims_prefix(batch, shard)).await?;
         let owner = match newest(&claims) {

@@ -35,7 +35,7 @@ impl Serve {
         }
         let mut child = command
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("NIGHTSHIFT_TEST_SERVE_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
