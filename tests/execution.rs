@@ -477,11 +477,7 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
             .await
             .unwrap();
     assert!(claims.len() >= 3, "serve, the worker, serve again: {claims:?}");
-    let reader = nightshift::exec::checkpoint::CheckpointReader::default();
-    let ledger = reader.ledger(store.as_ref(), &batch_id, 0, 40).await.unwrap();
-    let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
-    counted.sort();
-    assert_eq!(counted, (0..40).collect::<Vec<_>>(), "each line of the shard recorded once in what counts");
+    common::committed::assert_counted_once(store.as_ref(), &batch_id, 0, 40).await;
 }
 
 #[tokio::test]

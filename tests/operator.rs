@@ -311,6 +311,22 @@ impl Operator {
         stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
     }
 
+    /// The SDK script run in the background on `lines` lines (the test acts meanwhile);
+    /// its output, once it ends.
+    fn sdk_in_background(&self, lines: usize) -> tokio::task::JoinHandle<std::process::Output> {
+        let (python, url) = (common::tools::python(), self.api_url.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(python)
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
+                .env("NIGHTSHIFT_URL", url)
+                .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
+                .env("NIGHTSHIFT_API_KEY", common::KEY)
+                .env("LINES", lines.to_string())
+                .output()
+                .unwrap()
+        })
+    }
+
     async fn jobs(&self) -> Vec<Job> {
         let api: Api<Job> = Api::namespaced(self.cluster.client().await, NS);
         api.list(&ListParams::default().labels(BATCH_LABEL)).await.unwrap().items
@@ -468,22 +484,7 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
 async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
     let operator = Operator::start(100, Duration::from_millis(100), 2).await;
     let upstream = &operator.upstream;
-    let sdk = {
-        tokio::task::spawn_blocking({
-            let python = common::tools::python();
-            let url = operator.api_url.clone();
-            move || {
-                Command::new(python)
-                    .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
-                    .env("NIGHTSHIFT_URL", url)
-                    .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
-                    .env("NIGHTSHIFT_API_KEY", common::KEY)
-                    .env("LINES", "40")
-                    .output()
-                    .unwrap()
-            }
-        })
-    };
+    let sdk = operator.sdk_in_background(40);
     let pod = eventually("a worker pod with lines done", 60, || {
         let pods = operator.kubelet.running_pods();
         let calls = upstream.total_calls();
@@ -517,20 +518,7 @@ async fn a_killed_worker_pod_is_retried_and_resumes_without_duplicates() {
 async fn of_two_pods_on_one_shard_the_superseded_one_stops_and_its_later_commits_never_count() {
     let operator = Operator::start(100, Duration::from_millis(200), 2).await;
     let upstream = &operator.upstream;
-    let sdk = tokio::task::spawn_blocking({
-        let python = common::tools::python();
-        let url = operator.api_url.clone();
-        move || {
-            Command::new(python)
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/operator_sdk.py"))
-                .env("NIGHTSHIFT_URL", url)
-                .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
-                .env("NIGHTSHIFT_API_KEY", common::KEY)
-                .env("LINES", "40")
-                .output()
-                .unwrap()
-        }
-    });
+    let sdk = operator.sdk_in_background(40);
     let job_pod = eventually("a worker pod with lines done", 60, || {
         let pods = operator.kubelet.running_pods();
         let calls = upstream.total_calls();
@@ -560,11 +548,7 @@ async fn of_two_pods_on_one_shard_the_superseded_one_stops_and_its_later_commits
     let store = operator.s3.store();
     let claims = store.list(&nightshift::exec::owner::claims_prefix(&batch, 0)).await.unwrap();
     assert!(claims.len() >= 2, "the Job's pod and the second one claimed the shard: {claims:?}");
-    let reader = nightshift::exec::checkpoint::CheckpointReader::default();
-    let ledger = reader.ledger(store.as_ref(), &batch, 0, 40).await.unwrap();
-    let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
-    counted.sort();
-    assert_eq!(counted, (0..40).collect::<Vec<_>>(), "each line recorded once in what counts");
+    common::committed::assert_counted_once(store.as_ref(), &batch, 0, 40).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,6 +64,15 @@ pub async fn committed_custom_ids(store: &dyn ObjectStore, except: &[&str]) -> H
     ids
 }
 
+/// Checks that what a shard's owner counts (its newest claim's checkpoints and those it
+/// adopted) records each of the shard's `requests` exactly once.
+pub async fn assert_counted_once(store: &dyn ObjectStore, batch: &BatchId, shard: u32, requests: u32) {
+    let ledger = CheckpointReader::default().ledger(store, batch, shard, u64::from(requests)).await.unwrap();
+    let mut counted: Vec<u32> = ledger.checkpoints.iter().flat_map(|c| c.out.iter().chain(&c.err).copied()).collect();
+    counted.sort();
+    assert_eq!(counted, (0..requests).collect::<Vec<_>>(), "each line of shard {shard} recorded once in what counts");
+}
+
 /// Checks the laws of a kill, given the calls per custom_id when the killed process
 /// was gone (`sent_at_kill`), what was committed then, and the calls once the batch
 /// finished; returns the lines sent again.
