@@ -404,17 +404,7 @@ async fn kills_at_random_points_resend_only_the_lines_in_flight() {
 async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits_never_count() {
     // Shared S3, as two pods have (a data directory is locked by the process using it).
     let s3 = common::TestS3::start();
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the environment yet.
-    unsafe {
-        std::env::set_var("NS_TEST_S3_KEY", common::S3_ACCESS_KEY);
-        std::env::set_var("NS_TEST_S3_SECRET", common::S3_SECRET_KEY);
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-    }
-    let storage = format!(
-        "storage:\n  s3: {{bucket: {}, endpoint: \"{}\", path_style: true, access_key_id_env: NS_TEST_S3_KEY, \
-         secret_access_key_env: NS_TEST_S3_SECRET}}\n",
-        s3.bucket, s3.endpoint
-    );
+    let storage = s3.storage_yaml(&s3.endpoint, "");
     let upstream = MockUpstream::start().await;
     upstream.delay(Duration::from_millis(150));
     let data = TempDir::new().unwrap();

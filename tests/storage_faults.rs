@@ -32,23 +32,16 @@ struct Setup {
 async fn setup(upstream_delay: Duration) -> Setup {
     let s3 = TestS3::start();
     let proxy = FaultProxy::start(&s3.endpoint).await;
-    // SAFETY: nextest runs each test in a process of its own; nothing reads the environment concurrently.
-    unsafe {
-        std::env::set_var("NS_TEST_S3_KEY", common::S3_ACCESS_KEY);
-        std::env::set_var("NS_TEST_S3_SECRET", common::S3_SECRET_KEY);
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-    }
+    let storage = s3.storage_yaml(&proxy.endpoint, ", timeout: 1s");
     let upstream = MockUpstream::start().await;
     upstream.delay(upstream_delay);
     let dir = TempDir::new().unwrap();
     let config = write_config(
         dir.path(),
         &format!(
-            "storage:\n  s3: {{bucket: {}, endpoint: \"{}\", path_style: true, access_key_id_env: NS_TEST_S3_KEY, \
-             secret_access_key_env: NS_TEST_S3_SECRET, timeout: 1s}}\n\
-             upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: {CONCURRENCY}\n    \
+            "{storage}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: {CONCURRENCY}\n    \
              timeout: 5m\nbatches:\n  shard_lines: 1000\n  reconcile_interval: 100ms\n",
-            s3.bucket, proxy.endpoint, upstream.base_url
+            upstream.base_url
         ),
     );
     let serve = Serve::start_configured(&config);
@@ -94,8 +87,12 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
     for fault in faults::ALL {
         setup.proxy.inject(fault);
         // Lines in flight when the fault came finish; then their permits wait for the
-        // commit, and dispatch pauses.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // commit, and dispatch pauses: nothing is at the upstream, and nothing comes.
+        let deadline = Instant::now() + MINUTE;
+        while setup.upstream.in_flight() > 0 {
+            assert!(Instant::now() < deadline, "{fault:?}: dispatch never paused");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let paused_at = setup.upstream.total_calls();
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let sent_while_paused = setup.upstream.total_calls() - paused_at;
@@ -105,8 +102,14 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
         assert_eq!(read["status"], "in_progress", "{fault:?}");
         setup.proxy.heal();
         assert_eq!(sent_while_paused, 0, "{fault:?}: dispatch pauses while commits fail");
-        report.push(format!("{fault:?}: paused at {paused_at} calls"));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Healed, the next commit attempt succeeds and dispatch resumes: the next fault
+        // meets a batch that runs again.
+        let healed = Instant::now();
+        while setup.upstream.total_calls() <= paused_at + CONCURRENCY {
+            assert!(healed.elapsed() < MINUTE, "{fault:?}: dispatch never resumed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        report.push(format!("{fault:?}: paused at {paused_at} calls, resumed after {:?}", healed.elapsed()));
     }
     let batch = setup.client.wait_terminal(&id, 2 * MINUTE).await;
     assert_eq!(batch["status"], "completed", "{batch}");

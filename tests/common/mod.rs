@@ -113,6 +113,24 @@ impl TestS3 {
     pub fn store(&self) -> Arc<dyn ObjectStore> {
         Arc::new(S3Store::new(self.settings("")))
     }
+
+    /// The `storage:` section of a Nightshift config on this server, reached at `endpoint`
+    /// (this server's, or a proxy's in front of it), with `extra` keys (`timeout: 1s`);
+    /// its key pair is in environment variables that child processes inherit.
+    pub fn storage_yaml(&self, endpoint: &str, extra: &str) -> String {
+        // SAFETY: nextest runs each test in a process of its own, and this is called
+        // before any other thread reads the environment.
+        unsafe {
+            std::env::set_var("NS_TEST_S3_KEY", S3_ACCESS_KEY);
+            std::env::set_var("NS_TEST_S3_SECRET", S3_SECRET_KEY);
+            std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        }
+        format!(
+            "storage:\n  s3: {{bucket: {}, endpoint: \"{endpoint}\", path_style: true, access_key_id_env: NS_TEST_S3_KEY, \
+             secret_access_key_env: NS_TEST_S3_SECRET{extra}}}\n",
+            self.bucket
+        )
+    }
 }
 
 impl Drop for TestS3 {
