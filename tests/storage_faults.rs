@@ -85,11 +85,13 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
     setup.client.wait(&id, MINUTE, |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 20).await;
     let mut report = Vec::new();
     for fault in faults::ALL {
+        let retries_before = commit_retries(&setup.client).await;
         setup.proxy.inject(fault);
-        // Lines in flight when the fault came finish; then their permits wait for the
-        // commit, and dispatch pauses: nothing is at the upstream, and nothing comes.
+        // Once a commit has failed, its lines keep their permits, the lines in flight
+        // finish and wait for it too, and dispatch pauses: nothing is at the upstream,
+        // and nothing comes.
         let deadline = Instant::now() + MINUTE;
-        while setup.upstream.in_flight() > 0 {
+        while commit_retries(&setup.client).await == retries_before || setup.upstream.in_flight() > 0 {
             assert!(Instant::now() < deadline, "{fault:?}: dispatch never paused");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -118,6 +120,13 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
     let sent = setup.upstream.total_calls();
     eprintln!("{}; {} requests met a fault; {sent} calls for {LINES} lines", report.join(", "), setup.proxy.injected());
     assert_eq!(sent, LINES as u64, "no line was sent twice");
+}
+
+/// `nightshift_commit_retries_total` of serve: commits that storage refused.
+async fn commit_retries(client: &Client) -> u64 {
+    let metrics = reqwest::get(format!("{}/metrics", client.url)).await.unwrap().text().await.unwrap();
+    let line = metrics.lines().find(|line| line.starts_with("nightshift_commit_retries_total ")).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
