@@ -2,15 +2,18 @@
 """Nightshift benchmarks (`just bench`): run against the release binary on this machine.
 
   upload     a 100 MB upload through `nightshift serve`: wall time and the server's peak RSS
+  parts      a 200 MB input through the Uploads API in 64 MB parts (create, 4 parts,
+             complete with an MD5): wall time and the server's peak RSS
   validate   creating a batch over a 200 MB, 50,000-line input: wall time and peak RSS,
              against a naive reference (Python, json.loads per line) on the same file
   refused    3,000 batch creates refused by validation: what they add to the server's
              memory (RSS) and to its data directory, and the time of a listing after them
 
-Usage: bench/run.py [upload] [validate] [refused]   (all when none named)
+Usage: bench/run.py [upload] [parts] [validate] [refused]   (all when none named)
 NIGHTSHIFT_BINARY names another binary (an older build, to compare).
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -104,6 +107,49 @@ def bench_upload(work):
         elapsed = time.perf_counter() - started
         assert uploaded["bytes"] == size, uploaded
         print(f"upload: {size / MB:.1f} MB in {elapsed:.2f} s ({size / MB / elapsed:.0f} MB/s); "
+              f"server peak RSS {serve.rss():.1f} MB (idle {baseline:.1f} MB)")
+    finally:
+        serve.stop()
+
+
+def post_json(serve, path, body):
+    request = urllib.request.Request(
+        f"{serve.url}{path}", data=json.dumps(body).encode(), method="POST",
+        headers={**serve.headers(), "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as answer:
+        return json.load(answer)
+
+
+def bench_parts(work):
+    path = work / "parts.jsonl"
+    size = write_input(path, 50_000, 200 * MB - 64 * 1024)
+    part_size = 64 * MB
+    pieces = []
+    with open(path, "rb") as f:
+        while chunk := f.read(part_size):
+            piece = work / f"part-{len(pieces)}"
+            piece.write_bytes(chunk)
+            pieces.append(piece)
+    md5 = hashlib.md5(path.read_bytes()).hexdigest()
+    serve = Serve(work / "parts-data")
+    try:
+        baseline = serve.rss()
+        started = time.perf_counter()
+        upload = post_json(serve, "/v1/uploads",
+                           {"bytes": size, "filename": "parts.jsonl", "purpose": "batch", "mime_type": "application/jsonl"})
+        part_ids = []
+        for piece in pieces:
+            result = subprocess.run(
+                ["curl", "-sS", "-X", "POST", f"{serve.url}/v1/uploads/{upload['id']}/parts",
+                 "-H", f"x-project-id: {serve.project}", "-H", f"x-api-key: {serve.key}", "-F", f"data=@{piece}"],
+                check=True, capture_output=True, text=True,
+            )
+            part_ids.append(json.loads(result.stdout)["id"])
+        done = post_json(serve, f"/v1/uploads/{upload['id']}/complete", {"part_ids": part_ids, "md5": md5})
+        elapsed = time.perf_counter() - started
+        assert done["status"] == "completed" and done["file"]["bytes"] == size, done
+        print(f"parts: {size / MB:.1f} MB in {len(pieces)} parts in {elapsed:.2f} s ({size / MB / elapsed:.0f} MB/s); "
               f"server peak RSS {serve.rss():.1f} MB (idle {baseline:.1f} MB)")
     finally:
         serve.stop()
@@ -214,13 +260,14 @@ def bench_refused(work):
 
 
 def main():
-    chosen = sys.argv[1:] or ["upload", "validate", "refused"]
+    chosen = sys.argv[1:] or ["upload", "parts", "validate", "refused"]
     if not BINARY.exists():
         sys.exit(f"{BINARY} is missing: run `cargo build --release` first (just bench does)")
     with tempfile.TemporaryDirectory(prefix="nightshift-bench-") as work:
         work = pathlib.Path(work)
         for name in chosen:
-            {"upload": bench_upload, "validate": bench_validate, "refused": bench_refused}[name](work)
+            {"upload": bench_upload, "parts": bench_parts, "validate": bench_validate,
+             "refused": bench_refused}[name](work)
 
 
 if __name__ == "__main__":

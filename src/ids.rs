@@ -115,6 +115,19 @@ prefixed_id!(
     "^req_[A-Za-z0-9_-]{1,100}$"
 );
 
+prefixed_id!(
+    /// `upload_<ULID>`: an Upload of the Uploads API.
+    UploadId,
+    "upload_",
+    "^upload_[A-Za-z0-9_-]{1,100}$"
+);
+prefixed_id!(
+    /// `part_<ULID>`: one Part of an Upload.
+    PartId,
+    "part_",
+    "^part_[A-Za-z0-9_-]{1,100}$"
+);
+
 const LEGACY_FILE_PREFIX: &str = "file_";
 
 impl FileId {
@@ -150,6 +163,34 @@ impl BatchId {
     pub fn parse(raw: &str) -> Option<Self> {
         let body = raw.strip_prefix(Self::PREFIX)?;
         is_id_body(body).then(|| Self(raw.to_owned()))
+    }
+}
+
+impl UploadId {
+    pub fn parse(raw: &str) -> Option<Self> {
+        is_id_body(raw.strip_prefix(Self::PREFIX)?).then(|| Self(raw.to_owned()))
+    }
+
+    /// When the id was made (Unix seconds), if it is a ULID id.
+    pub fn created_at(&self) -> Option<i64> {
+        created_at(&self.0[Self::PREFIX.len()..])
+    }
+
+    /// The id of the file that completing this upload makes: the same for every
+    /// completion, so that two racing completions write one file, not two.
+    pub fn file_id(&self) -> FileId {
+        FileId(format!("{}{}", FileId::PREFIX, &self.0[Self::PREFIX.len()..]))
+    }
+}
+
+impl PartId {
+    pub fn parse(raw: &str) -> Option<Self> {
+        is_id_body(raw.strip_prefix(Self::PREFIX)?).then(|| Self(raw.to_owned()))
+    }
+
+    /// When the part was received (Unix seconds), if it is a ULID id.
+    pub fn created_at(&self) -> Option<i64> {
+        created_at(&self.0[Self::PREFIX.len()..])
     }
 }
 

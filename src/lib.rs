@@ -28,4 +28,5 @@ pub mod roles;
 pub mod runner;
 pub mod storage;
 pub mod telemetry;
+pub mod uploads;
 pub mod validate;

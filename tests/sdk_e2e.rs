@@ -96,6 +96,27 @@ fn the_sdk_works_configured_only_by_its_environment_variables() {
     assert!(stdout.contains("environment-only SDK checks passed"), "{stdout}");
 }
 
+/// A 150 MB input (past the 100 MB file limit) through `client.uploads.upload_file_chunked`
+/// in 64 MB parts, then run as a batch; and the Uploads API's refusals as typed errors.
+#[test]
+fn the_sdk_uploads_a_150_mb_input_in_parts_and_runs_it() {
+    let data = TempDir::new().unwrap();
+    let serve = Serve::start(&data.path().join("data"), &[]);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(common::tools::python())
+        .arg(format!("{root}/tests/e2e/uploads_sdk.py"))
+        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
+        .env("OPENAI_API_KEY", serve.api_key.as_deref().unwrap())
+        .env_remove("OPENAI_PROJECT_ID")
+        .env_remove("OPENAI_ORG_ID")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("in 3 parts"), "{stdout}");
+    assert!(stdout.contains("uploads SDK checks passed"), "{stdout}");
+}
+
 #[tokio::test]
 async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();

@@ -156,6 +156,32 @@ async fn pages_see_writes_and_removals_made_after_the_first(store: Arc<dyn Objec
     assert_eq!(names(store.list_page("live/dir/", None, 10).await.unwrap()), ["a", "c"]);
 }
 
+/// Small sources are streamed; sources of valid S3 part sizes (all but the last at least
+/// 5 MiB) are copied server-side on S3. Either way the result is the sources in order.
+async fn compose_concatenates_the_sources_in_the_order_given(store: Arc<dyn ObjectStore>) {
+    let small = [key("parts/s1"), key("parts/s2"), key("parts/s3")];
+    for (n, k) in small.iter().enumerate() {
+        store.put(k, Bytes::from(format!("part {n}\n"))).await.unwrap();
+    }
+    let order = [small[2].clone(), small[0].clone(), small[1].clone()];
+    assert_eq!(store.compose(&key("out/small"), &order).await.unwrap(), 21);
+    assert_eq!(read_all(store.as_ref(), &key("out/small"), None).await, b"part 2\npart 0\npart 1\n");
+
+    let big: Vec<Vec<u8>> = (0..3u8).map(|n| vec![b'a' + n; if n < 2 { 6 << 20 } else { 1000 }]).collect();
+    let parts = [key("parts/b1"), key("parts/b2"), key("parts/b3")];
+    for (k, bytes) in parts.iter().zip(&big) {
+        store.put(k, Bytes::from(bytes.clone())).await.unwrap();
+    }
+    let size = store.compose(&key("out/big"), &parts).await.unwrap();
+    assert_eq!(size, big.iter().map(Vec::len).sum::<usize>() as u64);
+    assert!(read_all(store.as_ref(), &key("out/big"), None).await == big.concat(), "the big parts in order");
+    assert_eq!(store.size(&parts[0]).await.unwrap(), Some(6 << 20), "sources are left as they were");
+
+    let missing = [small[0].clone(), key("parts/none")];
+    assert!(matches!(store.compose(&key("out/missing"), &missing).await, Err(StorageError::NotFound(_))));
+    assert_eq!(store.size(&key("out/missing")).await.unwrap(), None, "no half-made object");
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod dir {
@@ -190,6 +216,7 @@ conformance!(
     an_unfinished_write_keeps_the_previous_version,
     pages_start_after_the_cursor_and_say_whether_more_follow,
     pages_see_writes_and_removals_made_after_the_first,
+    compose_concatenates_the_sources_in_the_order_given,
 );
 
 /// A process killed mid-write (SIGKILL runs no destructor) leaves a temp file: the sweep

@@ -10,6 +10,7 @@ mod list;
 mod middleware;
 pub mod server;
 mod upload;
+mod uploads;
 
 use std::sync::Arc;
 
@@ -38,8 +39,10 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     /// Set when the server is stopping (see [`Drain`]).
     pub drain: Drain,
-    /// Uploads being received; when none is left, an upload is answered 429.
-    pub uploads: Arc<tokio::sync::Semaphore>,
+    /// Uploads of the Uploads API (files sent in parts).
+    pub uploads: crate::uploads::UploadStore,
+    /// Uploads and parts being received; when none is left, another is answered 429.
+    pub receiving: Arc<tokio::sync::Semaphore>,
     /// Request rate limits (per project, and failed authentications per client).
     pub limits: Arc<limits::RateLimits>,
 }
@@ -59,6 +62,7 @@ pub fn router(state: AppState) -> Router {
     let drain = state.drain.clone();
     Router::new()
         .merge(files::router())
+        .merge(uploads::router())
         .merge(batches::router())
         .route_layer(from_fn_with_state(state.clone(), middleware::authenticate))
         // Probes: no credentials, no dependencies checked beyond the process answering

@@ -30,7 +30,7 @@ fn too_large() -> ApiError {
     .with_param("file")
 }
 
-fn multipart_error(error: MultipartError) -> ApiError {
+pub(super) fn multipart_error(error: MultipartError) -> ApiError {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large();
     }
@@ -48,6 +48,18 @@ fn multipart_error(error: MultipartError) -> ApiError {
         source = cause.source();
     }
     ApiError::bad_request("invalid_multipart", format!("The multipart body could not be parsed: {}", error.body_text()))
+}
+
+/// Every upload slot is taken (`http.max_uploads`): 429, retry in a second.
+pub(super) fn busy() -> ApiError {
+    let mut busy = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        ErrorType::RateLimitExceeded,
+        Some("rate_limit_exceeded"),
+        "Too many uploads are in progress; retry shortly",
+    );
+    busy.retry_after = Some(1);
+    busy
 }
 
 fn invalid_purpose(got: Option<&str>) -> ApiError {
@@ -71,15 +83,8 @@ pub async fn create_file(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
     // Each upload holds memory and a storage writer while it streams: a bounded number.
-    let Ok(_receiving) = state.uploads.clone().try_acquire_owned() else {
-        let mut busy = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ErrorType::RateLimitExceeded,
-            Some("rate_limit_exceeded"),
-            "Too many uploads are in progress; retry shortly",
-        );
-        busy.retry_after = Some(1);
-        return Err(busy);
+    let Ok(_receiving) = state.receiving.clone().try_acquire_owned() else {
+        return Err(busy());
     };
     if !is_multipart {
         return Err(ApiError::bad_request(
@@ -210,7 +215,7 @@ async fn read_text(field: &mut Field<'_>) -> Result<String, ApiError> {
 
 /// Reads and discards what is left of the body (bounded by the route's body limit),
 /// so that a client still sending gets to read our error instead of a reset.
-async fn drain(multipart: &mut Multipart) {
+pub(super) async fn drain(multipart: &mut Multipart) {
     while let Ok(Some(mut field)) = multipart.next_field().await {
         while let Ok(Some(_)) = field.chunk().await {}
     }

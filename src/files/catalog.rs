@@ -186,6 +186,56 @@ impl FileCatalog {
         Ok(Some(record))
     }
 
+    /// Makes a file of the concatenation of `parts` (keys in this store), under `id`: what
+    /// completing an Upload does. Run again with the same arguments, it writes the same
+    /// file again.
+    pub async fn assemble(
+        &self,
+        project: &ProjectId,
+        id: FileId,
+        parts: &[Key],
+        file: NewFile,
+    ) -> Result<FileRecord, StorageError> {
+        let bytes = self.store.compose(&data_key(project, &id), parts).await?;
+        self.publish(project.clone(), id, bytes, file).await
+    }
+
+    /// Writes the marker and then the record of a file whose bytes are in place; on a
+    /// failure, removes what it wrote and the bytes.
+    async fn publish(
+        &self,
+        project: ProjectId,
+        id: FileId,
+        bytes: u64,
+        file: NewFile,
+    ) -> Result<FileRecord, StorageError> {
+        let created_at = clock::now();
+        let record = FileRecord {
+            filename: file.filename.filter(|name| !name.is_empty()).unwrap_or_else(|| format!("{id}.jsonl")),
+            id,
+            project_id: project,
+            bytes,
+            created_at,
+            purpose: file.purpose,
+            expires_at: Some(
+                created_at + file.expires_after.map_or(self.retention.as_secs(), |after| after.seconds) as i64,
+            ),
+            is_error: file.is_error,
+            deleted_at: None,
+        };
+        let marker = marker_key(&record.project_id, &record.id);
+        let published = async {
+            self.store.put(&marker, Bytes::new()).await?;
+            self.write_record(&record).await
+        };
+        if let Err(error) = published.await {
+            let _ = self.store.delete(&marker).await;
+            let _ = self.store.delete(&data_key(&record.project_id, &record.id)).await;
+            return Err(error);
+        }
+        Ok(record)
+    }
+
     async fn write_record(&self, record: &FileRecord) -> Result<(), StorageError> {
         let json = serde_json::to_vec(record).expect("file records serialize");
         self.store.put(&meta_key(&record.project_id, &record.id), Bytes::from(json)).await
@@ -272,30 +322,6 @@ impl Upload {
     /// Publishes the bytes, then the record that makes the file visible.
     pub async fn commit(self, file: NewFile) -> Result<FileRecord, StorageError> {
         let bytes = self.writer.finish().await?;
-        let created_at = clock::now();
-        let record = FileRecord {
-            filename: file.filename.filter(|name| !name.is_empty()).unwrap_or_else(|| format!("{}.jsonl", self.id)),
-            id: self.id,
-            project_id: self.project,
-            bytes,
-            created_at,
-            purpose: file.purpose,
-            expires_at: Some(
-                created_at + file.expires_after.map_or(self.catalog.retention.as_secs(), |after| after.seconds) as i64,
-            ),
-            is_error: file.is_error,
-            deleted_at: None,
-        };
-        let marker = marker_key(&record.project_id, &record.id);
-        let published = async {
-            self.catalog.store.put(&marker, Bytes::new()).await?;
-            self.catalog.write_record(&record).await
-        };
-        if let Err(error) = published.await {
-            let _ = self.catalog.store.delete(&marker).await;
-            let _ = self.catalog.store.delete(&data_key(&record.project_id, &record.id)).await;
-            return Err(error);
-        }
-        Ok(record)
+        self.catalog.publish(self.project, self.id, bytes, file).await
     }
 }

@@ -81,7 +81,8 @@ fn check(
     Ok(ExpiresAfter { seconds })
 }
 
-fn kind(value: &Value) -> String {
+/// How OpenAI names a JSON value's type in its `invalid_type` messages.
+pub fn kind(value: &Value) -> String {
     match value {
         Value::Null => "null".into(),
         Value::Bool(_) => "a boolean".into(),

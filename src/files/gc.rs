@@ -1,5 +1,6 @@
 //! The background sweep that removes deleted and expired files from storage, and what
-//! writers killed mid-write left behind (temp files, multipart uploads).
+//! writers killed mid-write left behind (temp files, multipart uploads), and the parts of
+//! finished and expired uploads (the Uploads API).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -24,6 +25,12 @@ where
             Ok(0) => {}
             Ok(removed) => tracing::info!(removed, "removed what writers killed mid-write left behind"),
             Err(error) => tracing::warn!(%error, "could not sweep abandoned writes; retrying next interval"),
+        }
+        // Uploads are files in the making: their parts go with them.
+        match crate::uploads::UploadStore::new(catalog.clone()).collect_garbage(clock::now()).await {
+            Ok(0) => {}
+            Ok(cleared) => tracing::info!(cleared, "removed finished and expired uploads"),
+            Err(error) => tracing::warn!(%error, "could not sweep uploads; retrying next interval"),
         }
         let pinned = pinned().await;
         match catalog.collect_garbage(clock::now(), &pinned).await {

@@ -124,6 +124,14 @@ pub trait ObjectStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Writes `dest` as the concatenation of `sources`, in order, and returns its size; a
+    /// missing source is `NotFound` and leaves no `dest`. The default streams each source
+    /// through a writer (memory: one writer's buffer); S3 copies server-side where its part
+    /// sizes allow.
+    async fn compose(&self, dest: &Key, sources: &[Key]) -> Result<u64, StorageError> {
+        compose_by_streaming(self, dest, sources).await
+    }
+
     /// Writes a small object in one call.
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {
         let mut writer = self.writer(key).await?;
@@ -140,6 +148,23 @@ pub trait ObjectStore: Send + Sync + 'static {
         }
         Ok(buffer.freeze())
     }
+}
+
+/// [`ObjectStore::compose`] by reading every source and writing it out again.
+pub async fn compose_by_streaming<S: ObjectStore + ?Sized>(
+    store: &S,
+    dest: &Key,
+    sources: &[Key],
+) -> Result<u64, StorageError> {
+    // An unfinished writer, dropped on an error, leaves nothing behind.
+    let mut writer = store.writer(dest).await?;
+    for source in sources {
+        let mut stream = store.read(source, None).await?;
+        while let Some(chunk) = stream.next().await {
+            writer.write(chunk?).await?;
+        }
+    }
+    writer.finish().await
 }
 
 #[async_trait]

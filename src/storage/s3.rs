@@ -20,6 +20,11 @@ use super::{ByteStream, Key, KeyPage, ObjectStore, ObjectWriter, StorageError};
 
 /// S3 wants parts of at least 5 MiB but the last.
 const PART_SIZE: usize = 8 * 1024 * 1024;
+/// The smallest part S3 accepts but the last, and the largest it copies.
+const MIN_PART: u64 = 5 * 1024 * 1024;
+const MAX_COPIED_PART: u64 = 5 * 1024 * 1024 * 1024;
+/// The most parts one multipart upload may have.
+const MAX_PARTS: usize = 10_000;
 
 #[derive(Clone, Debug)]
 pub struct S3Settings {
@@ -79,6 +84,18 @@ impl S3Store {
         Self { client: Client::from_conf(config.build()), bucket: settings.bucket, prefix }
     }
 
+    fn s3_writer(&self, key: &Key) -> S3Writer {
+        S3Writer {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+            key: self.object_key(key),
+            buffer: BytesMut::new(),
+            upload: None,
+            written: 0,
+        }
+    }
+
     fn object_key(&self, key: &Key) -> String {
         format!("{}{}", self.prefix, key)
     }
@@ -126,15 +143,28 @@ fn marker_key(prefix: &str, upload_id: &str) -> String {
 #[async_trait]
 impl ObjectStore for S3Store {
     async fn writer(&self, key: &Key) -> Result<Box<dyn ObjectWriter>, StorageError> {
-        Ok(Box::new(S3Writer {
-            client: self.client.clone(),
-            bucket: self.bucket.clone(),
-            prefix: self.prefix.clone(),
-            key: self.object_key(key),
-            buffer: BytesMut::new(),
-            upload: None,
-            written: 0,
-        }))
+        Ok(Box::new(self.s3_writer(key)))
+    }
+
+    /// A multipart upload whose parts are copied server-side from the sources, when every
+    /// source is a valid part (all but the last at least 5 MiB); streamed otherwise.
+    async fn compose(&self, dest: &Key, sources: &[Key]) -> Result<u64, StorageError> {
+        let mut sizes = Vec::with_capacity(sources.len());
+        for source in sources {
+            sizes.push(self.size(source).await?.ok_or_else(|| StorageError::NotFound(source.to_string()))?);
+        }
+        let copyable = matches!(sizes.split_last(), Some((last, rest))
+            if sources.len() <= MAX_PARTS
+                && (1..=MAX_COPIED_PART).contains(last)
+                && rest.iter().all(|size| (MIN_PART..=MAX_COPIED_PART).contains(size)));
+        if !copyable {
+            return super::compose_by_streaming(self, dest, sources).await;
+        }
+        let mut writer = self.s3_writer(dest);
+        for (source, size) in sources.iter().zip(sizes) {
+            writer.copy_part(&format!("{}/{}", self.bucket, self.object_key(source)), size).await?;
+        }
+        Box::new(writer).finish().await
     }
 
     async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
@@ -264,7 +294,8 @@ struct S3Writer {
 }
 
 impl S3Writer {
-    async fn upload_part(&mut self) -> Result<(), StorageError> {
+    /// Starts the multipart upload, once.
+    async fn start_upload(&mut self) -> Result<&mut MultipartUpload, StorageError> {
         if self.upload.is_none() {
             let created = self
                 .client
@@ -282,14 +313,18 @@ impl S3Writer {
             self.upload = Some(MultipartUpload { id, parts: Vec::new() });
             request.body(S3Body::from(marker)).send().await.map_err(backend)?;
         }
+        Ok(self.upload.as_mut().expect("multipart upload started above"))
+    }
+
+    async fn upload_part(&mut self) -> Result<(), StorageError> {
         let body = self.buffer.split().freeze();
-        let upload = self.upload.as_mut().expect("multipart upload started above");
+        let (client, bucket, key) = (self.client.clone(), self.bucket.clone(), self.key.clone());
+        let upload = self.start_upload().await?;
         let part_number = upload.parts.len() as i32 + 1;
-        let uploaded = self
-            .client
+        let uploaded = client
             .upload_part()
-            .bucket(&self.bucket)
-            .key(&self.key)
+            .bucket(bucket)
+            .key(key)
             .upload_id(&upload.id)
             .part_number(part_number)
             .body(S3Body::from(body))
@@ -299,6 +334,27 @@ impl S3Writer {
         upload.parts.push(
             CompletedPart::builder().part_number(part_number).set_e_tag(uploaded.e_tag().map(str::to_owned)).build(),
         );
+        Ok(())
+    }
+
+    /// Copies `source` (`bucket/key`, `size` bytes) server-side as the next part.
+    async fn copy_part(&mut self, source: &str, size: u64) -> Result<(), StorageError> {
+        let (client, bucket, key) = (self.client.clone(), self.bucket.clone(), self.key.clone());
+        let upload = self.start_upload().await?;
+        let part_number = upload.parts.len() as i32 + 1;
+        let copied = client
+            .upload_part_copy()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(&upload.id)
+            .part_number(part_number)
+            .copy_source(source)
+            .send()
+            .await
+            .map_err(backend)?;
+        let e_tag = copied.copy_part_result().and_then(|result| result.e_tag()).map(str::to_owned);
+        upload.parts.push(CompletedPart::builder().part_number(part_number).set_e_tag(e_tag).build());
+        self.written += size;
         Ok(())
     }
 

@@ -227,7 +227,8 @@ impl TestApp {
                 endpoints: Default::default(),
             },
             drain: Default::default(),
-            uploads: Arc::new(tokio::sync::Semaphore::new(64)),
+            uploads: nightshift::uploads::UploadStore::new(files.clone()),
+            receiving: Arc::new(tokio::sync::Semaphore::new(64)),
             limits: Arc::new(api::limits::RateLimits::new(&Default::default())),
         };
         Self { router: api::router(state), store, files, batches }
