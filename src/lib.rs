@@ -19,6 +19,7 @@ pub mod duration;
 pub mod exec;
 pub mod files;
 pub mod grants;
+pub mod idempotency;
 pub mod ids;
 pub mod k8s;
 pub mod metrics;

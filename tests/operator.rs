@@ -100,6 +100,23 @@ async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::ap
 const FAILING_IMAGE: &str = "nightshift:failing";
 
 impl Operator {
+    /// Another replica of the api, as a Deployment scaled up would start, and its URL.
+    fn another_api(&self, name: &str) -> (impl Drop, String) {
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        let mut env = self.env.clone();
+        let kubeconfig = self.cluster.kubeconfig_for_token(&self.api_token, &dir);
+        env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+        let config = self.config.display().to_string();
+        let (child, line) = spawn(
+            &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
+            &env,
+            "listening on",
+            &self.dir.path().join(format!("{name}.log")),
+        );
+        (child, line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned())
+    }
+
     async fn start(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
         Self::start_with(shard_lines, upstream_delay, concurrency, IMAGE, "").await
     }
@@ -964,19 +981,7 @@ async fn a_projects_rate_limit_holds_per_api_replica() {
 
     // A second replica, started now: it reads the Projects, the limit among them, before
     // it listens.
-    let second_dir = operator.dir.path().join("api-2");
-    std::fs::create_dir(&second_dir).unwrap();
-    let mut env = operator.env.clone();
-    let kubeconfig = operator.cluster.kubeconfig_for_token(&operator.api_token, &second_dir);
-    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
-    let config = operator.config.display().to_string();
-    let (_second, line) = spawn(
-        &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
-        &env,
-        "listening on",
-        &operator.dir.path().join("api-2.log"),
-    );
-    let second_url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
+    let (_second, second_url) = operator.another_api("api-2");
 
     // The second replica answers the project a whole minute's worth of its own.
     let mut second_answered = 0;
@@ -987,4 +992,52 @@ async fn a_projects_rate_limit_holds_per_api_replica() {
     eprintln!("[rate limit] {PER_MINUTE}/min: first replica answered {first_answered}, second {second_answered}");
     assert!(second_answered >= PER_MINUTE, "limits are per replica: the second answered only {second_answered}");
     assert_eq!(get(&operator.api_url).await.unwrap().status(), 429, "the first still refuses");
+}
+
+/// An `Idempotency-Key` holds across api replicas: the same create sent to one replica
+/// and then the other makes one Batch (and the same upload, one file). Sent at once, the
+/// claim is an S3 conditional write (`If-None-Match: *`), atomic on S3 but only checked
+/// then written by s3s-fs, the test server; requests at once are tested on the directory
+/// store (tests/idempotency.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_sent_to_two_api_replicas_makes_one_batch() {
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    let (_second, second_url) = operator.another_api("api-idempotent");
+    let urls = [operator.api_url.clone(), second_url];
+    let client = reqwest::Client::new();
+    let post = |url: &str, path: &str| {
+        client
+            .post(format!("{url}{path}"))
+            .header("x-project-id", common::PROJECT)
+            .header("x-api-key", common::KEY)
+            .header("idempotency-key", format!("two-replicas{}", path.replace('/', "-")))
+    };
+    let input = common::client::input(&common::client::ids("idem", 3), "echo");
+    let mut files = std::collections::HashSet::new();
+    for url in urls.iter().chain(&urls) {
+        let form = reqwest::multipart::Form::new()
+            .text("purpose", "batch")
+            .part("file", reqwest::multipart::Part::bytes(input.clone()).file_name("in.jsonl"));
+        let body: Value = post(url, "/v1/files").multipart(form).send().await.unwrap().json().await.unwrap();
+        files.insert(body["id"].as_str().unwrap_or_else(|| panic!("{body}")).to_owned());
+    }
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = files.into_iter().next().unwrap();
+
+    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+    let mut batches = std::collections::HashSet::new();
+    for url in urls.iter().chain(&urls) {
+        let answer: Value = post(url, "/v1/batches").json(&body).send().await.unwrap().json().await.unwrap();
+        batches.insert(answer["id"].as_str().unwrap_or_else(|| panic!("{answer}")).to_owned());
+    }
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let other = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {"x": "y"}});
+    let conflict: Value = post(&urls[1], "/v1/batches").json(&other).send().await.unwrap().json().await.unwrap();
+    assert_eq!(conflict["error"]["code"], "idempotency_key_reused", "{conflict}");
+    let listed = kubectl(&operator.cluster, &["get", "batches", "-n", NS, "-o", "name"]);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let finished = client.wait_terminal(batches.iter().next().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(finished["status"], "completed", "{finished}");
+    assert_eq!(finished["request_counts"]["completed"], 3, "{finished}");
 }

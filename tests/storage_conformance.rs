@@ -182,6 +182,18 @@ async fn compose_concatenates_the_sources_in_the_order_given(store: Arc<dyn Obje
     assert_eq!(store.size(&key("out/missing")).await.unwrap(), None, "no half-made object");
 }
 
+/// An exclusive create writes only where nothing is. (That two at once cannot both win is
+/// the directory store's own test below: s3s-fs checks, then writes, where S3 is atomic.)
+async fn an_exclusive_create_writes_only_where_nothing_is(store: Arc<dyn ObjectStore>) {
+    let k = key("claims/one.json");
+    assert!(store.create_exclusive(&k, Bytes::from_static(b"first")).await.unwrap());
+    assert!(!store.create_exclusive(&k, Bytes::from_static(b"late")).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), Bytes::from_static(b"first"));
+    store.delete(&k).await.unwrap();
+    assert!(store.create_exclusive(&k, Bytes::from_static(b"again")).await.unwrap(), "free again once deleted");
+    assert_eq!(store.get(&k).await.unwrap(), Bytes::from_static(b"again"));
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod dir {
@@ -217,7 +229,30 @@ conformance!(
     pages_start_after_the_cursor_and_say_whether_more_follow,
     pages_see_writes_and_removals_made_after_the_first,
     compose_concatenates_the_sources_in_the_order_given,
+    an_exclusive_create_writes_only_where_nothing_is,
 );
+
+/// Of many exclusive creates of one key at once, exactly one wins, and its bytes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_the_directory_stores_exclusive_creates_at_once_one_wins() {
+    let (_backend, store) = Backend::dir().await;
+    for round in 0..20 {
+        let k = key(&format!("claims/{round}.json"));
+        let attempts = (0..8).map(|n| {
+            let (store, k) = (store.clone(), k.clone());
+            tokio::spawn(async move { (n, store.create_exclusive(&k, Bytes::from(format!("{n}"))).await.unwrap()) })
+        });
+        let mut winners = Vec::new();
+        for attempt in attempts {
+            let (n, won) = attempt.await.unwrap();
+            if won {
+                winners.push(n);
+            }
+        }
+        assert_eq!(winners.len(), 1, "{winners:?}");
+        assert_eq!(store.get(&k).await.unwrap(), Bytes::from(format!("{}", winners[0])));
+    }
+}
 
 /// A process killed mid-write (SIGKILL runs no destructor) leaves a temp file: the sweep
 /// removes it once idle, and never the file of a writer still writing.

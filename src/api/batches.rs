@@ -1,7 +1,8 @@
 //! `/v1/batches`: create, retrieve, list and cancel.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
@@ -10,10 +11,12 @@ use serde_json::Value;
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::{self, CurrentProject, Path, Query};
+use super::idempotent::{self, Begin};
 use super::list::ListPage;
 use crate::batches::create::CreateError;
 use crate::batches::{BatchObject, CreateBatch, UpdateError, cancel, create_batch};
 use crate::clock;
+use crate::idempotency::{canonical_json, fingerprint};
 use crate::ids::BatchId;
 
 const DEFAULT_LIMIT: i64 = 20;
@@ -64,8 +67,9 @@ async fn missing_id() -> ApiError {
 async fn create(
     State(state): State<AppState>,
     CurrentProject(project): CurrentProject,
+    headers: HeaderMap,
     extract::Json(body): extract::Json<Value>,
-) -> Result<Json<BatchObject>, ApiError> {
+) -> Result<Response, ApiError> {
     let request = CreateBatch::parse(&body)?;
     if !state.quota.has_room(&project.id) {
         return Err(ApiError::new(
@@ -75,9 +79,32 @@ async fn create(
             "You exceeded your current quota: the project's token quota is used up",
         ));
     }
-    let batch = create_batch(&state.files, state.batches.as_ref(), state.batch_settings, &project.id, request).await?;
+    let id = BatchId::generate();
+    let claimed = match idempotent::key_from(&headers)? {
+        None => None,
+        Some(key) => {
+            let fingerprint = fingerprint(&[b"POST /v1/batches", &canonical_json(&body)]);
+            let find = |object_id: String| {
+                let (batches, project) = (state.batches.clone(), project.id.clone());
+                async move {
+                    let Some(id) = BatchId::parse(&object_id) else { return Ok(None) };
+                    batches.get(&project, &id).await.map_err(|e| ApiError::internal("internal_error", e))
+                }
+            };
+            match idempotent::begin(&state.idempotency, &project.id, &key, fingerprint, id.to_string(), find).await? {
+                Begin::Replay(batch) => return Ok(idempotent::replayed(Json(BatchObject::from(&batch)))),
+                Begin::Create(claim) => Some((key, claim)),
+            }
+        }
+    };
+    let created =
+        create_batch(&state.files, state.batches.as_ref(), state.batch_settings, &project.id, id, request).await;
+    if let (Err(_), Some((key, claim))) = (&created, &claimed) {
+        idempotent::release(&state.idempotency, &project.id, key, claim).await;
+    }
+    let batch = created?;
     state.wake.notify_one();
-    Ok(Json(BatchObject::from(&batch)))
+    Ok(Json(BatchObject::from(&batch)).into_response())
 }
 
 async fn retrieve(

@@ -5,6 +5,7 @@ mod drain;
 mod error;
 mod extract;
 mod files;
+mod idempotent;
 pub mod limits;
 mod list;
 mod middleware;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     /// Set when the server is stopping (see [`Drain`]).
     pub drain: Drain,
+    /// Claims of `Idempotency-Key`s.
+    pub idempotency: crate::idempotency::IdempotencyStore,
     /// Uploads of the Uploads API (files sent in parts).
     pub uploads: crate::uploads::UploadStore,
     /// Uploads and parts being received; when none is left, another is answered 429.

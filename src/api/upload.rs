@@ -9,10 +9,16 @@ use axum::extract::multipart::{Field, MultipartError, MultipartRejection};
 use axum::extract::{Multipart, State};
 use axum::http::{HeaderMap, StatusCode, header};
 
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::CurrentProject;
+use super::idempotent::{self, Begin};
 use crate::files::{FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
+use crate::idempotency::fingerprint;
+use crate::ids::FileId;
 
 /// The request may carry a little more than the file: boundaries and other fields.
 pub const MAX_UPLOAD_REQUEST_BYTES: usize = MAX_UPLOAD_BYTES as usize + 1024 * 1024;
@@ -77,7 +83,8 @@ pub async fn create_file(
     CurrentProject(project): CurrentProject,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
-) -> Result<Json<FileObject>, ApiError> {
+) -> Result<Response, ApiError> {
+    let idempotency_key = idempotent::key_from(&headers)?;
     let is_multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -104,7 +111,7 @@ pub async fn create_file(
         )
     })?;
 
-    let mut form = Form::default();
+    let mut form = Form { digest: idempotency_key.as_ref().map(|_| Sha256::new()), ..Form::default() };
     let outcome = read_parts(&state, &project.id, &mut multipart, &mut form).await;
     let checked = outcome.and_then(|()| {
         match form.purpose.as_deref() {
@@ -136,10 +143,48 @@ pub async fn create_file(
         }
     };
     let (file, filename) = form.upload.expect("checked above");
+    let claimed = match (idempotency_key, form.digest.take()) {
+        (Some(key), Some(digest)) => {
+            let fingerprint = fingerprint(&[
+                b"POST /v1/files",
+                form.purpose.as_deref().unwrap_or_default().as_bytes(),
+                filename.as_deref().unwrap_or_default().as_bytes(),
+                form.expires_anchor.as_deref().unwrap_or_default().as_bytes(),
+                form.expires_seconds.as_deref().unwrap_or_default().as_bytes(),
+                &digest.finalize(),
+            ]);
+            let find = |object_id: String| {
+                let (files, project) = (state.files.clone(), project.id.clone());
+                async move {
+                    let Some(id) = FileId::parse(&object_id) else { return Ok(None) };
+                    files.record(&project, &id).await.map_err(ApiError::from)
+                }
+            };
+            let begun =
+                idempotent::begin(&state.idempotency, &project.id, &key, fingerprint, file.id().to_string(), find)
+                    .await;
+            match begun {
+                Ok(Begin::Create(claim)) => Some((key, claim)),
+                Ok(Begin::Replay(record)) => {
+                    file.abort().await;
+                    return Ok(idempotent::replayed(Json(FileObject::from(&record))));
+                }
+                Err(error) => {
+                    file.abort().await;
+                    return Err(error);
+                }
+            }
+        }
+        _ => None,
+    };
     let new = NewFile { filename, purpose: Purpose::Batch, is_error: false, expires_after };
-    let record = file.commit(new).await?;
+    let committed = file.commit(new).await;
+    if let (Err(_), Some((key, claim))) = (&committed, &claimed) {
+        idempotent::release(&state.idempotency, &project.id, key, claim).await;
+    }
+    let record = committed?;
     tracing::info!(file = %record.id, bytes = record.bytes, "file uploaded");
-    Ok(Json(FileObject::from(&record)))
+    Ok(Json(FileObject::from(&record)).into_response())
 }
 
 /// What the multipart body holds, as far as read.
@@ -150,6 +195,9 @@ struct Form {
     /// `expires_after[anchor]` and `expires_after[seconds]`, checked once all is read.
     expires_anchor: Option<String>,
     expires_seconds: Option<String>,
+    /// The digest of the file's bytes, taken while streaming when the request has an
+    /// idempotency key (part of its fingerprint).
+    digest: Option<Sha256>,
 }
 
 /// Reads every part: `purpose` and `expires_after[...]` as text, `file` streamed into
@@ -182,7 +230,7 @@ async fn read_parts(
                 }
                 let filename = field.file_name().map(|name| name.chars().take(MAX_FILENAME_CHARS).collect());
                 let mut file = state.files.start_upload(project).await?;
-                let streamed = stream_into(&mut field, &mut file).await;
+                let streamed = stream_into(&mut field, &mut file, form.digest.as_mut()).await;
                 form.upload = Some((file, filename));
                 streamed?;
             }
@@ -192,10 +240,17 @@ async fn read_parts(
     Ok(())
 }
 
-async fn stream_into(field: &mut Field<'_>, file: &mut Upload) -> Result<(), ApiError> {
+async fn stream_into(
+    field: &mut Field<'_>,
+    file: &mut Upload,
+    mut digest: Option<&mut Sha256>,
+) -> Result<(), ApiError> {
     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
         if file.bytes() + chunk.len() as u64 > MAX_UPLOAD_BYTES {
             return Err(too_large());
+        }
+        if let Some(digest) = digest.as_mut() {
+            digest.update(&chunk);
         }
         file.write(chunk).await?;
     }

@@ -127,12 +127,14 @@ impl CreateBatch {
     }
 }
 
-/// Looks up and validates the input, then persists the batch.
+/// Looks up and validates the input, then persists the batch under `id` (chosen by the
+/// caller, so that an idempotency key can name it before it exists).
 pub async fn create_batch(
     files: &FileCatalog,
     store: &dyn BatchStore,
     settings: BatchSettings,
     project: &ProjectId,
+    id: BatchId,
     request: CreateBatch,
 ) -> Result<Batch, CreateError> {
     let input = files
@@ -144,7 +146,7 @@ pub async fn create_batch(
     }
     let created_at = clock::now();
     let mut spec = BatchSpec {
-        id: BatchId::generate(),
+        id,
         project_id: project.clone(),
         input_file_id: input.id.clone(),
         endpoint: request.endpoint,

@@ -111,6 +111,12 @@ impl FileCatalog {
         }
     }
 
+    /// The project's file with this id, whatever its state (deleted and expired ones too,
+    /// until collected).
+    pub async fn record(&self, project: &ProjectId, id: &FileId) -> Result<Option<FileRecord>, StorageError> {
+        self.read_record(project, id).await
+    }
+
     /// The project's live file with this id, in either spelling of the prefix.
     pub async fn find(&self, project: &ProjectId, raw_id: &str) -> Result<Option<FileRecord>, StorageError> {
         let Some(id) = FileId::parse(raw_id) else {

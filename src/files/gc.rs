@@ -32,6 +32,11 @@ where
             Ok(cleared) => tracing::info!(cleared, "removed finished and expired uploads"),
             Err(error) => tracing::warn!(%error, "could not sweep uploads; retrying next interval"),
         }
+        // Idempotency keys live a day.
+        let claims = crate::idempotency::IdempotencyStore::new(catalog.store().clone());
+        if let Err(error) = claims.collect_garbage(clock::now()).await {
+            tracing::warn!(%error, "could not sweep idempotency keys; retrying next interval");
+        }
         let pinned = pinned().await;
         match catalog.collect_garbage(clock::now(), &pinned).await {
             Ok(0) => {}

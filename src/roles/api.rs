@@ -68,6 +68,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         // The controller watches Batches: nothing to wake.
         wake: Arc::new(Notify::new()),
         drain: Drain::default(),
+        idempotency: crate::idempotency::IdempotencyStore::new(files.store().clone()),
         uploads: crate::uploads::UploadStore::new(files.clone()),
         receiving: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
         limits: Arc::new(api::limits::RateLimits::new(&config.http)),

@@ -51,6 +51,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         wake: runner.waker(),
         // One process on one machine: no load balancer to leave, stop at once.
         drain: Drain::default(),
+        idempotency: crate::idempotency::IdempotencyStore::new(files.store().clone()),
         uploads: crate::uploads::UploadStore::new(files.clone()),
         receiving: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
         limits: Arc::new(api::limits::RateLimits::new(&config.http)),

@@ -88,6 +88,19 @@ impl ObjectStore for DirStore {
         Ok(())
     }
 
+    /// Written aside, then hard-linked into place: a link never replaces a file.
+    async fn create_exclusive(&self, key: &Key, bytes: Bytes) -> Result<bool, StorageError> {
+        let temp = self.root.join(TMP_DIR).join(ulid::Ulid::new().to_string());
+        let target = self.path(key);
+        let created = tokio::task::spawn_blocking(move || create_file_exclusive(&temp, &target, &bytes))
+            .await
+            .map_err(|error| StorageError::Backend(format!("a blocking write panicked: {error}")))??;
+        if created {
+            self.index.added(key).await;
+        }
+        Ok(created)
+    }
+
     fn exclusive(&self) -> bool {
         true
     }
@@ -209,6 +222,28 @@ fn put_file(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(temp);
     }
     result
+}
+
+fn create_file_exclusive(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    let result = (|| {
+        let mut file = std::fs::File::create(temp)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()?;
+        drop(file);
+        match std::fs::hard_link(temp, target) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(target.parent().expect("keys have a parent"))?;
+                std::fs::hard_link(temp, target)
+            }
+            other => other,
+        }
+    })();
+    let _ = std::fs::remove_file(temp);
+    match result {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// The keys of the files under `root` that start with `prefix`, sorted, walking only

@@ -132,6 +132,13 @@ pub trait ObjectStore: Send + Sync + 'static {
         compose_by_streaming(self, dest, sources).await
     }
 
+    /// Writes a small object only if `key` does not exist yet, atomically: of two calls
+    /// at once (from any process), one returns `true`, the other `false` and writes
+    /// nothing. What idempotency keys are claimed with.
+    async fn create_exclusive(&self, key: &Key, _bytes: Bytes) -> Result<bool, StorageError> {
+        Err(StorageError::Backend(format!("{key}: this store cannot create objects exclusively")))
+    }
+
     /// Writes a small object in one call.
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), StorageError> {
         let mut writer = self.writer(key).await?;

@@ -200,6 +200,16 @@ impl ObjectStore for S3Store {
         Ok(stream.boxed())
     }
 
+    /// `If-None-Match: *`: S3 refuses the write with 412 when the object exists.
+    async fn create_exclusive(&self, key: &Key, bytes: Bytes) -> Result<bool, StorageError> {
+        let request = self.client.put_object().bucket(&self.bucket).key(self.object_key(key)).if_none_match("*");
+        match request.body(S3Body::from(bytes)).send().await {
+            Ok(_) => Ok(true),
+            Err(error) if error.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(false),
+            Err(error) => Err(backend(error)),
+        }
+    }
+
     async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
         let request = self.client.head_object().bucket(&self.bucket).key(self.object_key(key));
         match request.send().await {

@@ -227,6 +227,7 @@ impl TestApp {
                 endpoints: Default::default(),
             },
             drain: Default::default(),
+            idempotency: nightshift::idempotency::IdempotencyStore::new(store.clone()),
             uploads: nightshift::uploads::UploadStore::new(files.clone()),
             receiving: Arc::new(tokio::sync::Semaphore::new(64)),
             limits: Arc::new(api::limits::RateLimits::new(&Default::default())),
