@@ -324,3 +324,30 @@ async fn garbage_collection_drops_the_parts_of_finished_and_expired_uploads() {
     uploads.collect_garbage(now).await.unwrap();
     assert!(app.store.list("upload-parts/").await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_at_once_make_one_file_and_all_answer_it() {
+    let (_b, store) = Backend::dir().await;
+    let app = std::sync::Arc::new(TestApp::new(store).await);
+    let (a, b) = (lines(0..50), lines(50..90));
+    let upload = create(&app, a.len() + b.len()).await;
+    let id = upload["id"].as_str().unwrap().to_owned();
+    let ids = json!([part(&app, &id, &a).await, part(&app, &id, &b).await]);
+    let completions: Vec<_> = (0..6)
+        .map(|_| {
+            let (app, id, ids) = (app.clone(), id.clone(), ids.clone());
+            tokio::spawn(async move { complete(&app, &id, json!({ "part_ids": ids })).await })
+        })
+        .collect();
+    let mut files = std::collections::HashSet::new();
+    for completion in completions {
+        let answer = completion.await.unwrap();
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.json());
+        files.insert(answer.json()["file"]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(files.len(), 1, "{files:?}");
+    let listed = app.get("/v1/files").await.json();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    let file = files.into_iter().next().unwrap();
+    assert_eq!(app.get(&format!("/v1/files/{file}/content")).await.body.as_ref(), [a, b].concat().as_slice());
+}

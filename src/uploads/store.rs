@@ -217,7 +217,24 @@ impl UploadStore {
             is_error: false,
             expires_after: record.file_expires_after.map(|seconds| crate::files::ExpiresAfter { seconds }),
         };
-        let file = self.files.assemble(project, record.file_id(), &keys, new).await?;
+        let file = match self.files.assemble(project, record.file_id(), &keys, new).await {
+            Ok(file) => file,
+            // A completion at the same time finished first and dropped the parts: its
+            // answer is ours.
+            Err(StorageError::NotFound(missing)) => {
+                let done = self.find(project, raw_id).await?;
+                if done.status == UploadStatus::Completed && done.part_ids == parts {
+                    let file = self.files.find(project, done.file_id().as_str()).await?;
+                    return Ok((done, file));
+                }
+                return Err(match done.status_at(now) {
+                    UploadStatus::Pending => StorageError::NotFound(missing).into(),
+                    UploadStatus::Expired => UploadError::Expired { id: done.id },
+                    status => UploadError::NotPending { id: done.id, status },
+                });
+            }
+            Err(error) => return Err(error.into()),
+        };
         record.status = UploadStatus::Completed;
         record.part_ids = parts;
         self.write(&record).await?;
