@@ -26,6 +26,8 @@ pub struct Project {
     pub quota_tokens: Option<u64>,
     /// Its own request rate limit; `None`: the installation's.
     pub requests_per_minute: Option<u32>,
+    /// Where its batch events go.
+    pub webhooks: Vec<crate::webhooks::Webhook>,
     keys: Vec<StoredKey>,
 }
 
@@ -117,6 +119,17 @@ impl Projects {
                     name: project.name.clone(),
                     quota_tokens: project.quota.map(|q| q.tokens),
                     requests_per_minute: project.rate_limit.map(|r| r.requests_per_minute),
+                    // The configuration refuses bad ones; on Kubernetes they are left out.
+                    webhooks: project
+                        .webhooks
+                        .iter()
+                        .filter_map(|webhook| {
+                            Some(crate::webhooks::Webhook {
+                                url: crate::webhooks::target::parse_url(&webhook.url).ok()?,
+                                secret: crate::webhooks::SigningSecret::parse(&webhook.secret)?,
+                            })
+                        })
+                        .collect(),
                     keys,
                 };
                 (project.id.clone(), entry)
@@ -235,6 +248,7 @@ mod tests {
                 ],
                 quota: None,
                 rate_limit: None,
+                webhooks: Vec::new(),
             },
             ProjectConfig {
                 id: ProjectId::parse(OTHER).unwrap(),
@@ -242,6 +256,7 @@ mod tests {
                 api_keys: vec![key(Some("other-key"), None, true), key(Some("shared-key"), None, true)],
                 quota: None,
                 rate_limit: None,
+                webhooks: Vec::new(),
             },
             ProjectConfig {
                 id: ProjectId::parse(THIRD).unwrap(),
@@ -249,6 +264,7 @@ mod tests {
                 api_keys: vec![key(Some("shared-key"), None, true)],
                 quota: None,
                 rate_limit: None,
+                webhooks: Vec::new(),
             },
         ])
     }

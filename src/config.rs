@@ -34,6 +34,9 @@ pub struct Config {
     /// Limits of the API's HTTP server (`serve` and `api`).
     #[serde(default)]
     pub http: HttpConfig,
+    /// How webhooks are delivered (`serve` and `controller`).
+    #[serde(default)]
+    pub webhooks: crate::webhooks::WebhooksConfig,
 }
 
 /// What a client may hold of the API's HTTP server, so that slow or idle clients can't
@@ -111,6 +114,7 @@ impl Default for Config {
             files: FilesConfig::default(),
             http: HttpConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            webhooks: Default::default(),
         }
     }
 }
@@ -176,6 +180,17 @@ pub struct ProjectConfig {
     /// Requests a minute for this project (else `http.requests_per_minute`).
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// Where this project's batch events are delivered.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+/// `{url: https://..., secret: whsec_...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: String,
+    pub secret: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -537,6 +552,17 @@ impl Config {
             if !seen.insert(&project.id) {
                 return invalid(format!("project {} is configured twice", project.id));
             }
+            for webhook in &project.webhooks {
+                if let Err(error) = crate::webhooks::target::parse_url(&webhook.url) {
+                    return invalid(format!("project {}: webhook {error}", project.id));
+                }
+                if crate::webhooks::SigningSecret::parse(&webhook.secret).is_none() {
+                    return invalid(format!(
+                        "project {}: the secret of webhook {} is not whsec_ followed by the base64 of at least 16 bytes",
+                        project.id, webhook.url
+                    ));
+                }
+            }
             if project.api_keys.is_empty() {
                 return invalid(format!("project {} has no api_keys", project.id));
             }
@@ -561,6 +587,9 @@ impl Config {
             || [http.requests_per_minute, http.failed_auth_per_minute].contains(&0)
         {
             return invalid("http: every limit must be at least 1".into());
+        }
+        if self.webhooks.timeout.is_zero() || self.webhooks.give_up_after.is_zero() {
+            return invalid("webhooks.timeout and webhooks.give_up_after must be longer than 0s".into());
         }
         if self.batches.shard_lines == 0 {
             return invalid("batches.shard_lines must be at least 1".into());

@@ -24,6 +24,7 @@ impl DevCredentials {
             api_keys: vec![ApiKeyConfig { plain: Some(self.api_key.clone()), sha256: None, active: true }],
             quota: None,
             rate_limit: None,
+            webhooks: Vec::new(),
         }
     }
 }

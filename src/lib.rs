@@ -31,3 +31,4 @@ pub mod storage;
 pub mod telemetry;
 pub mod uploads;
 pub mod validate;
+pub mod webhooks;

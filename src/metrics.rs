@@ -52,6 +52,11 @@ pub struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
 }
@@ -80,6 +85,9 @@ pub struct Metrics {
     pub http_duration: RouteHistogramFamily,
     pub tokens: Family<ProjectLabel, Counter>,
     pub commit_retries: Counter,
+    /// Webhook delivery attempts, by outcome (`delivered`, `failed`, `refused`, `gave_up`).
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    pub webhook_events_pending: Gauge,
     pub superseded_runs: Counter,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
@@ -142,6 +150,18 @@ impl Metrics {
             "Shard runs that stopped because a newer run claimed their shard",
             superseded_runs.clone(),
         );
+        let webhook_deliveries = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts by outcome: delivered, failed (retried later), refused (an internal target), gave_up (events)",
+            webhook_deliveries.clone(),
+        );
+        let webhook_events_pending = Gauge::default();
+        registry.register(
+            "webhook_events_pending",
+            "Webhook events not yet delivered to every endpoint, as of the last pass",
+            webhook_events_pending.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The running build: 1, labelled with its version", build_info.clone());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
@@ -157,10 +177,28 @@ impl Metrics {
             http_duration,
             tokens,
             commit_retries,
+            webhook_deliveries,
+            webhook_events_pending,
             superseded_runs,
             completed_lines,
             live: AtomicBool::new(true),
         }
+    }
+
+    pub fn webhook_delivered(&self) {
+        self.webhook_deliveries.get_or_create(&OutcomeLabel { outcome: "delivered" }).inc();
+    }
+
+    pub fn webhook_failed(&self) {
+        self.webhook_deliveries.get_or_create(&OutcomeLabel { outcome: "failed" }).inc();
+    }
+
+    pub fn webhook_refused(&self) {
+        self.webhook_deliveries.get_or_create(&OutcomeLabel { outcome: "refused" }).inc();
+    }
+
+    pub fn webhook_gave_up(&self) {
+        self.webhook_deliveries.get_or_create(&OutcomeLabel { outcome: "gave_up" }).inc();
     }
 
     /// From now on, lines and tokens are counted from checkpoints ([`Metrics::recorded`]),

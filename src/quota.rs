@@ -200,6 +200,7 @@ mod tests {
             api_keys: vec![ApiKeyConfig { plain: Some("k".into()), sha256: None, active: true }],
             quota: Some(QuotaConfig { tokens: 100 }),
             rate_limit: None,
+            webhooks: Vec::new(),
         }]);
         let ledger = QuotaLedger::new(&projects);
         let (a, b) = (BatchId::generate(), BatchId::generate());

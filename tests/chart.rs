@@ -859,9 +859,18 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
     );
     assert_forbidden(Api::<Pod>::namespaced(api_client, NS).list(&ListParams::default()).await, "the api listing pods");
     let controller_client = cluster.client_for_token(&controller_token).await;
+    // It reads Secrets (its Projects' webhook signing secrets), but never writes them.
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { name: Some("made-by-controller".into()), ..Default::default() },
+        ..Default::default()
+    };
     assert_forbidden(
-        Api::<Secret>::namespaced(controller_client, NS).list(&ListParams::default()).await,
-        "the controller listing Secrets",
+        Api::<Secret>::namespaced(controller_client.clone(), NS).create(&PostParams::default(), &secret).await,
+        "the controller creating a Secret",
+    );
+    assert_forbidden(
+        Api::<Pod>::namespaced(controller_client, NS).list(&ListParams::default()).await,
+        "the controller listing pods",
     );
     let worker_client = cluster.client_for_token(&worker_token).await;
     assert_forbidden(

@@ -219,6 +219,7 @@ impl Operator {
                 "storage:\n  s3: {{bucket: {bucket}, endpoint: \"{endpoint}\", path_style: true}}\n\
                  upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n\
                  batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n{batches}\
+                 webhooks:\n  allowed_hosts: [127.0.0.1]\n\
                  kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{worker_image}\"\n    config_path: {config}\n    backoff_limit: {backoff}\n    env:\n\
                  {worker_env}      - {{name: RUST_LOG, value: info}}\n",
                 bucket = s3.bucket,
@@ -1040,4 +1041,37 @@ async fn one_idempotency_key_sent_to_two_api_replicas_makes_one_batch() {
     let finished = client.wait_terminal(batches.iter().next().unwrap(), Duration::from_secs(120)).await;
     assert_eq!(finished["status"], "completed", "{finished}");
     assert_eq!(finished["request_counts"]["completed"], 3, "{finished}");
+}
+
+/// On Kubernetes the controller delivers webhooks: a Project names its endpoint and the
+/// Secret with the signing secret, and a batch run by worker pods sends `batch.completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projects_webhook_gets_its_batch_event_from_the_controller() {
+    const SIGNING: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let receiver = common::receiver::Receiver::start().await;
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some("demo-webhook".into()), ..ObjectMeta::default() },
+        string_data: Some([("secret".to_owned(), SIGNING.to_owned())].into()),
+        ..Secret::default()
+    };
+    let client = operator.cluster.client().await;
+    Api::<Secret>::namespaced(client, NS).create(&PostParams::default(), &secret).await.unwrap();
+    operator.patch_project(json!({"webhooks": [{"url": receiver.url, "secret_name": "demo-webhook"}]}));
+
+    let api = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let file = api.upload(common::client::input(&common::client::ids("hook", 5), "mock-a")).await;
+    let batch = api.create(&file).await;
+    let id = batch["id"].as_str().unwrap();
+    let done = api.wait_terminal(id, Duration::from_secs(120)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let delivery = receiver.wait_for(1, 60).await.remove(0);
+    let event = delivery.json();
+    assert_eq!((event["type"].as_str(), event["data"]["id"].as_str()), (Some("batch.completed"), Some(id)), "{event}");
+    let secret = nightshift::webhooks::SigningSecret::parse(SIGNING).unwrap();
+    let timestamp: i64 = delivery.timestamp.parse().unwrap();
+    assert_eq!(
+        delivery.signature,
+        nightshift::webhooks::sign::signature(&secret, &delivery.id, timestamp, &delivery.body)
+    );
 }

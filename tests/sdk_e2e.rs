@@ -117,6 +117,37 @@ fn the_sdk_uploads_a_150_mb_input_in_parts_and_runs_it() {
     assert!(stdout.contains("uploads SDK checks passed"), "{stdout}");
 }
 
+/// A batch's `batch.completed` webhook, retried after a 500 with the same id, verified
+/// and typed by `client.webhooks.unwrap(...)`.
+#[test]
+fn the_sdk_verifies_a_batch_webhook() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let data = TempDir::new().unwrap();
+    let port = common::ports::claim_one();
+    let config = common::write_config(
+        data.path(),
+        &format!(
+            "    webhooks: [{{url: \"http://127.0.0.1:{port}/hook\", secret: {SECRET}}}]\n\
+             webhooks: {{allowed_hosts: [127.0.0.1]}}\n"
+        ),
+    );
+    let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(common::tools::python())
+        .arg(format!("{root}/tests/e2e/webhooks_sdk.py"))
+        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
+        .env("OPENAI_API_KEY", common::KEY)
+        .env("WEBHOOK_PORT", port.to_string())
+        .env("WEBHOOK_SECRET", SECRET)
+        .env_remove("OPENAI_PROJECT_ID")
+        .env_remove("OPENAI_ORG_ID")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("webhooks SDK checks passed"), "{stdout}");
+}
+
 #[tokio::test]
 async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let data = TempDir::new().unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
-use super::model::{Batch, BatchError, BatchSpec, BatchState};
+use super::model::{Batch, BatchError, BatchSpec, BatchState, Status};
 use super::store::{BatchStore, StoreError};
 use crate::clock;
 use crate::files::{ExpiresAfter, ExpiryError, FileCatalog, Purpose, expiry};
@@ -198,6 +198,8 @@ pub async fn create_batch(
                 param: error.param.map(str::to_owned),
             };
             let batch = Batch { spec, state: BatchState::failed(now, vec![recorded]) };
+            let (project, id) = (&batch.spec.project_id, &batch.spec.id);
+            crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, now).await?;
             store.insert(&batch).await?;
             tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
             Err(CreateError::Invalid { error, batch: Box::new(batch) })

@@ -25,6 +25,7 @@ use crate::exec::{ExecContext, ExecError, failure};
 use crate::ids::FileId;
 use crate::reconcile::{Action, ShardProgress, decide, finalize_failing, finished};
 use crate::validate::Shard;
+use crate::webhooks;
 pub use plan::{WorkerPhase, WorkerPlan};
 
 /// What a runtime does that the driver can't: know, start and stop workers, and save.
@@ -225,6 +226,10 @@ async fn finalize_batch<R: Runtime>(
         }
     };
     let state = finished(&batch.state, ending, &files, clock::now());
+    // The webhook event first: a crash before the save below announces it again, the same.
+    webhooks::outbox::announce(exec.store.as_ref(), &batch.spec.project_id, &batch.spec.id, state.status, clock::now())
+        .await
+        .map_err(ExecError::from)?;
     let from = batch.state.status;
     let Some(done) = runtime.save(&batch, state).await? else { return Ok(Next::Now) };
     runtime.tell(&done, News::StatusChanged { from, to: done.state.status }).await;

@@ -71,6 +71,24 @@ pub struct ProjectSpec {
     /// Requests a minute for this project, per api replica (else the installation's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<crate::config::RateLimitConfig>,
+    /// Where the project's batch events are delivered (by the controller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<WebhookRef>,
+}
+
+/// A webhook endpoint and the key of a Secret (in the Project's namespace) that holds its
+/// signing secret (`whsec_...`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WebhookRef {
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub url: String,
+    pub secret_name: String,
+    #[serde(default = "default_webhook_secret_key")]
+    pub key: String,
+}
+
+fn default_webhook_secret_key() -> String {
+    "secret".to_owned()
 }
 
 /// A key of a Secret (in the Project's namespace) that holds the hex SHA-256 of an API key.

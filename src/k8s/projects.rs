@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 use super::controller::cache;
 use super::crd::ProjectResource;
 use crate::auth::{ProjectDirectory, Projects};
-use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig};
+use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig, WebhookConfig};
 use crate::quota::QuotaLedger;
 
 /// Project configurations from the resources and the key hashes in their Secrets.
@@ -44,6 +44,17 @@ pub fn project_configs(projects: &[Arc<ProjectResource>], secrets: &[Arc<Secret>
                 api_keys,
                 quota: project.spec.quota.map(|q| QuotaConfig { tokens: q.tokens }),
                 rate_limit: project.spec.rate_limit,
+                // A webhook whose Secret or entry is missing is left out (as a bad one is).
+                webhooks: project
+                    .spec
+                    .webhooks
+                    .iter()
+                    .filter_map(|webhook| {
+                        let data = secrets.get(webhook.secret_name.as_str())?.data.as_ref()?.get(&webhook.key)?;
+                        let secret = String::from_utf8(data.0.clone()).ok()?.trim().to_owned();
+                        Some(WebhookConfig { url: webhook.url.clone(), secret })
+                    })
+                    .collect(),
             }
         })
         .collect()

@@ -24,7 +24,8 @@ pub fn api_rules() -> Vec<PolicyRule> {
 }
 
 /// `nightshift controller`: drives Batches (status, finalizer), owns their Jobs,
-/// keeps Projects' usage, holds its Lease, and records Events.
+/// keeps Projects' usage, reads the Secrets holding their webhooks' signing secrets,
+/// holds its Lease, and records Events.
 pub fn controller_rules() -> Vec<PolicyRule> {
     vec![
         rule("nightshift.dev", &["batches"], &["get", "list", "watch", "patch", "update"]),
@@ -32,6 +33,7 @@ pub fn controller_rules() -> Vec<PolicyRule> {
         rule("nightshift.dev", &["batches/finalizers"], &["update"]),
         rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),
         rule("nightshift.dev", &["projects/status"], &["get", "patch", "update"]),
+        rule("", &["secrets"], &["get", "list", "watch"]),
         rule("batch", &["jobs"], &["get", "list", "watch", "create", "delete"]),
         rule("coordination.k8s.io", &["leases"], &["get", "create", "update"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),

@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use kube::api::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::watcher;
 
 use super::api::namespace;
 use super::open_store;
@@ -16,8 +15,7 @@ use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
-use crate::k8s::controller::{self, Context, cache, check_crds, reporter};
-use crate::k8s::crd::ProjectResource;
+use crate::k8s::controller::{self, Context, check_crds, reporter};
 use crate::k8s::grants::divide_limits;
 use crate::k8s::leader::{LeaderElection, Timing};
 use crate::k8s::usage::sync_project_usage;
@@ -83,8 +81,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let settings = ExecSettings::from_config(&config.batches);
     // The controller drains and finalizes; it never calls upstreams (workers do).
     let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
+    // Projects with their webhooks' signing secrets, for the deliverer.
+    let directory = Arc::new(crate::auth::ProjectDirectory::default());
     let projects =
-        cache(Api::<ProjectResource>::namespaced(client.clone(), &namespace), watcher::Config::default()).await?;
+        crate::k8s::projects::follow(client.clone(), &namespace, directory.clone(), Arc::new(QuotaLedger::default()))
+            .await?;
+    let deliverer = crate::webhooks::Deliverer::new(exec.store.clone(), directory, config.webhooks.clone());
     let caches = controller::caches(&client, &namespace);
     let (batches, jobs) = (caches.batches.clone(), caches.jobs.clone());
     let ctx = Arc::new(Context {
@@ -106,6 +108,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
         () = divide_limits(ctx, batches, limits) => Ok(()),
+        () = deliverer.run(Duration::from_secs(1)) => Ok(()),
         // Returning ends the process: every task of this leader stops with it.
         () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
     }

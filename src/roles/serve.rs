@@ -62,6 +62,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let pins = pins.clone();
         async move { pins.pinned_inputs().await }
     }));
+    let deliverer = crate::webhooks::Deliverer::new(store.clone(), state.projects.clone(), config.webhooks.clone());
+    let webhooks = tokio::spawn(deliverer.run(std::time::Duration::from_secs(1)));
     let retention = tokio::spawn(run_retention_loop(batches, config.batches.retention, config.files.gc_interval));
     let reconciler = tokio::spawn(runner.run());
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -73,6 +75,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(%address, "serving");
     api::server::serve(listener, api::router(state), &config.http, shutdown_signal()).await?;
     gc.abort();
+    webhooks.abort();
     retention.abort();
     reconciler.abort();
     Ok(())

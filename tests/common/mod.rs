@@ -12,6 +12,7 @@ pub mod node;
 pub mod ports;
 pub mod process;
 pub mod proxy;
+pub mod receiver;
 pub mod serve;
 pub mod sts;
 pub mod tools;
@@ -167,6 +168,7 @@ pub fn projects() -> Projects {
         api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
         quota: None,
         rate_limit: None,
+        webhooks: Vec::new(),
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
 }

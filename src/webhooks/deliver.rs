@@ -1,0 +1,144 @@
+//! The delivery loop: every pass sends each due event to each endpoint of its project,
+//! many at once, and notes how it went in the outbox; a failed attempt is tried again
+//! after [`outbox::backoff`], across restarts, until `webhooks.give_up_after`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::event::Event;
+use super::outbox::{self, Delivery};
+use super::{Webhook, WebhooksConfig, sign, target};
+use crate::auth::ProjectDirectory;
+use crate::clock::{self, UnixSeconds};
+use crate::metrics::METRICS;
+use crate::storage::{ObjectStore, StorageError};
+
+/// Attempts made at once in a pass, over every event and endpoint.
+const AT_ONCE: usize = 32;
+
+pub struct Deliverer {
+    store: Arc<dyn ObjectStore>,
+    projects: Arc<ProjectDirectory>,
+    settings: WebhooksConfig,
+}
+
+impl Deliverer {
+    pub fn new(store: Arc<dyn ObjectStore>, projects: Arc<ProjectDirectory>, settings: WebhooksConfig) -> Self {
+        Self { store, projects, settings }
+    }
+
+    /// Passes every `every`, until the task is dropped.
+    pub async fn run(self, every: Duration) {
+        loop {
+            if let Err(error) = self.pass(clock::now()).await {
+                tracing::warn!(%error, "webhook delivery pass failed; trying again next pass");
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// One pass over the outbox.
+    pub async fn pass(&self, now: UnixSeconds) -> Result<(), StorageError> {
+        let projects = self.projects.current();
+        let mut events = outbox::pending(self.store.as_ref()).await?;
+        METRICS.webhook_events_pending.set(events.len() as i64);
+        // (event, endpoint) pairs due now.
+        let mut due = Vec::new();
+        for (index, pending) in events.iter().enumerate() {
+            let endpoints = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
+            for webhook in endpoints {
+                if pending.deliveries.get(webhook.url.as_str()).is_none_or(|delivery| delivery.is_due(now)) {
+                    due.push((index, webhook));
+                }
+            }
+        }
+        let attempts = futures_util::stream::iter(due)
+            .map(|(index, webhook)| {
+                let event = events[index].event.clone();
+                async move {
+                    let result = self.attempt(&webhook, &event).await;
+                    (index, webhook, result)
+                }
+            })
+            .buffer_unordered(AT_ONCE)
+            .collect::<Vec<_>>()
+            .await;
+        let mut changed = vec![false; events.len()];
+        for (index, webhook, result) in attempts {
+            let event_id = events[index].event.id.clone();
+            let delivery = events[index].deliveries.entry(webhook.url.to_string()).or_default();
+            delivery.attempts += 1;
+            match result {
+                Ok(()) => {
+                    delivery.delivered_at = Some(now);
+                    delivery.last_error = None;
+                    METRICS.webhook_delivered();
+                }
+                Err(error) => {
+                    tracing::info!(event = %event_id, url = %webhook.url, %error, attempts = delivery.attempts, "webhook delivery failed; will retry");
+                    delivery.next_at = now + outbox::backoff(delivery.attempts);
+                    delivery.last_error = Some(error);
+                    METRICS.webhook_failed();
+                }
+            }
+            changed[index] = true;
+        }
+        let give_up_after = self.settings.give_up_after.as_secs() as i64;
+        for (pending, changed) in events.iter_mut().zip(changed) {
+            let endpoints = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
+            let open: Vec<&Webhook> = endpoints
+                .iter()
+                .filter(|webhook| {
+                    pending
+                        .deliveries
+                        .get(webhook.url.as_str())
+                        .is_none_or(|delivery: &Delivery| delivery.delivered_at.is_none())
+                })
+                .collect();
+            if open.is_empty() {
+                outbox::remove(self.store.as_ref(), pending).await?;
+            } else if now >= pending.event.created_at + give_up_after {
+                tracing::warn!(event = %pending.event.id, endpoints = open.len(), "gave up delivering a webhook event");
+                METRICS.webhook_gave_up();
+                outbox::remove(self.store.as_ref(), pending).await?;
+            } else if changed {
+                outbox::save(self.store.as_ref(), pending).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One POST of `event` to `webhook`, to addresses checked against SSRF, without
+    /// following redirects; a 2xx answer is a delivery.
+    async fn attempt(&self, webhook: &Webhook, event: &Event) -> Result<(), String> {
+        let addresses = target::resolve(&webhook.url, &self.settings.allowed_hosts).await.map_err(|error| {
+            if matches!(error, target::TargetError::Internal { .. }) {
+                METRICS.webhook_refused();
+            }
+            error.to_string()
+        })?;
+        let host = webhook.url.host_str().unwrap_or_default().to_owned();
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(self.settings.timeout)
+            .resolve_to_addrs(&host, &addresses)
+            .build()
+            .map_err(|error| error.to_string())?;
+        let body = serde_json::to_vec(event).expect("events serialize");
+        let timestamp = clock::now();
+        let answer = client
+            .post(webhook.url.clone())
+            .header("content-type", "application/json")
+            .header("user-agent", concat!("Nightshift-Webhooks/", env!("CARGO_PKG_VERSION")))
+            .header("webhook-id", &event.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", sign::signature(&webhook.secret, &event.id, timestamp, &body))
+            .body(body)
+            .send()
+            .await
+            .map_err(|error| format!("request failed: {error}"))?;
+        if answer.status().is_success() { Ok(()) } else { Err(format!("answered {}", answer.status())) }
+    }
+}
