@@ -494,7 +494,17 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
     let forbidden = Api::<Job>::namespaced(api_client, NS).create(&PostParams::default(), &job).await.unwrap_err();
     assert!(matches!(forbidden, kube::Error::Api(ref s) if s.code == 403), "{forbidden}");
     let controller_client = operator.cluster.client_for_token(&operator.controller_token).await;
-    let forbidden = Api::<Secret>::namespaced(controller_client, NS).list(&ListParams::default()).await.unwrap_err();
+    // It reads Secrets (its Projects' webhook signing secrets) but never writes them.
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some("made-by-controller".into()), ..ObjectMeta::default() },
+        ..Secret::default()
+    };
+    let forbidden = Api::<Secret>::namespaced(controller_client.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_err();
+    assert!(matches!(forbidden, kube::Error::Api(ref s) if s.code == 403), "{forbidden}");
+    let forbidden = Api::<Pod>::namespaced(controller_client, NS).list(&ListParams::default()).await.unwrap_err();
     assert!(matches!(forbidden, kube::Error::Api(ref s) if s.code == 403), "{forbidden}");
 }
 
