@@ -23,6 +23,24 @@ fn run_python(script: &str, serve: &Serve) -> String {
     stdout
 }
 
+/// Runs `script` with the SDK configured only by its own environment variables
+/// (`OPENAI_BASE_URL`, `OPENAI_API_KEY` = `key`), plus `env`; returns its stdout.
+fn run_python_configured_by_env(script: &str, serve: &Serve, key: &str, env: &[(&str, &str)]) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(common::tools::python())
+        .arg(format!("{root}/{script}"))
+        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
+        .env("OPENAI_API_KEY", key)
+        .envs(env.iter().copied())
+        .env_remove("OPENAI_PROJECT_ID")
+        .env_remove("OPENAI_ORG_ID")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
 #[test]
 fn quickstart_uploads_a_file_and_creates_a_batch() {
     let data = TempDir::new().unwrap();
@@ -81,18 +99,9 @@ fn the_sdk_works_configured_only_by_its_environment_variables() {
     let config = data.path().join("endpoints.yaml");
     std::fs::write(&config, "batches:\n  endpoints: [/v1/chat/completions, /v1/embeddings]\n").unwrap();
     let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
-    let root = env!("CARGO_MANIFEST_DIR");
-    let output = Command::new(common::tools::python())
-        .arg(format!("{root}/tests/e2e/env_sdk.py"))
-        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
-        .env("OPENAI_API_KEY", serve.api_key.as_deref().unwrap())
-        .env("NIGHTSHIFT_PROJECT_ID", serve.project_id.as_deref().unwrap())
-        .env_remove("OPENAI_PROJECT_ID")
-        .env_remove("OPENAI_ORG_ID")
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let (key, project) = (serve.api_key.clone().unwrap(), serve.project_id.clone().unwrap());
+    let stdout =
+        run_python_configured_by_env("tests/e2e/env_sdk.py", &serve, &key, &[("NIGHTSHIFT_PROJECT_ID", &project)]);
     assert!(stdout.contains("environment-only SDK checks passed"), "{stdout}");
 }
 
@@ -102,17 +111,8 @@ fn the_sdk_works_configured_only_by_its_environment_variables() {
 fn the_sdk_uploads_a_150_mb_input_in_parts_and_runs_it() {
     let data = TempDir::new().unwrap();
     let serve = Serve::start(&data.path().join("data"), &[]);
-    let root = env!("CARGO_MANIFEST_DIR");
-    let output = Command::new(common::tools::python())
-        .arg(format!("{root}/tests/e2e/uploads_sdk.py"))
-        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
-        .env("OPENAI_API_KEY", serve.api_key.as_deref().unwrap())
-        .env_remove("OPENAI_PROJECT_ID")
-        .env_remove("OPENAI_ORG_ID")
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let key = serve.api_key.clone().unwrap();
+    let stdout = run_python_configured_by_env("tests/e2e/uploads_sdk.py", &serve, &key, &[]);
     assert!(stdout.contains("in 3 parts"), "{stdout}");
     assert!(stdout.contains("uploads SDK checks passed"), "{stdout}");
 }
@@ -132,19 +132,9 @@ fn the_sdk_verifies_a_batch_webhook() {
         ),
     );
     let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
-    let root = env!("CARGO_MANIFEST_DIR");
-    let output = Command::new(common::tools::python())
-        .arg(format!("{root}/tests/e2e/webhooks_sdk.py"))
-        .env("OPENAI_BASE_URL", format!("{}/v1", serve.url))
-        .env("OPENAI_API_KEY", common::KEY)
-        .env("WEBHOOK_PORT", port.to_string())
-        .env("WEBHOOK_SECRET", SECRET)
-        .env_remove("OPENAI_PROJECT_ID")
-        .env_remove("OPENAI_ORG_ID")
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let port = port.to_string();
+    let env = [("WEBHOOK_PORT", port.as_str()), ("WEBHOOK_SECRET", SECRET)];
+    let stdout = run_python_configured_by_env("tests/e2e/webhooks_sdk.py", &serve, common::KEY, &env);
     assert!(stdout.contains("webhooks SDK checks passed"), "{stdout}");
 }
 

@@ -84,6 +84,12 @@ impl ApiError {
         self.line = Some(line);
         self
     }
+
+    /// Says when to try again (`retry-after`, in seconds).
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
 }
 
 impl From<StorageError> for ApiError {

@@ -76,14 +76,13 @@ where
             },
         }
         if tokio::time::Instant::now() >= deadline {
-            let mut busy = ApiError::new(
+            return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 ErrorType::InvalidRequestError,
                 Some("idempotency_key_in_use"),
                 "A request with this Idempotency-Key is still being processed; retry shortly",
-            );
-            busy.retry_after = Some(1);
-            return Err(busy);
+            )
+            .with_retry_after(1));
         }
         tokio::time::sleep(POLL).await;
     }

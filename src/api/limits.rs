@@ -52,14 +52,13 @@ impl RateLimits {
     fn refused(&self, not_until: &NotUntil<<DefaultClock as Clock>::Instant>, what: &str) -> ApiError {
         let wait = not_until.wait_time_from(self.clock.now());
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        let mut error = ApiError::new(
+        ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorType::RateLimitExceeded,
             Some("rate_limit_exceeded"),
             format!("Rate limit reached for {what}. Please try again in {}s.", seconds.max(1)),
-        );
-        error.retry_after = Some(seconds.max(1));
-        error
+        )
+        .with_retry_after(seconds.max(1))
     }
 
     /// One request of `project`.

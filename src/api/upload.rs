@@ -58,14 +58,13 @@ pub(super) fn multipart_error(error: MultipartError) -> ApiError {
 
 /// Every upload slot is taken (`http.max_uploads`): 429, retry in a second.
 pub(super) fn busy() -> ApiError {
-    let mut busy = ApiError::new(
+    ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         ErrorType::RateLimitExceeded,
         Some("rate_limit_exceeded"),
         "Too many uploads are in progress; retry shortly",
-    );
-    busy.retry_after = Some(1);
-    busy
+    )
+    .with_retry_after(1)
 }
 
 fn invalid_purpose(got: Option<&str>) -> ApiError {

@@ -204,16 +204,24 @@ fn write_file_at(path: &Path, offset: u64, bytes: &[u8]) -> std::io::Result<()> 
 }
 
 /// Writes `bytes` to `temp`, syncs it and renames it to `target`; removes `temp` on failure.
-fn put_file(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `temp`, synced, then `place`s it at `target` (a rename, or a hard
+/// link that never replaces a file), making the target's directory when it is missing.
+/// `temp` is removed on a failure; a link leaves it for the caller.
+fn write_then_place(
+    temp: &Path,
+    target: &Path,
+    bytes: &[u8],
+    place: fn(&Path, &Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let result = (|| {
         let mut file = std::fs::File::create(temp)?;
         std::io::Write::write_all(&mut file, bytes)?;
         file.sync_all()?;
         drop(file);
-        match std::fs::rename(temp, target) {
+        match place(temp, target) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir_all(target.parent().expect("keys have a parent"))?;
-                std::fs::rename(temp, target)
+                place(temp, target)
             }
             other => other,
         }
@@ -224,23 +232,17 @@ fn put_file(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+fn put_file(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_then_place(temp, target, bytes, |temp, target| std::fs::rename(temp, target))
+}
+
 fn create_file_exclusive(temp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<bool> {
-    let result = (|| {
-        let mut file = std::fs::File::create(temp)?;
-        std::io::Write::write_all(&mut file, bytes)?;
-        file.sync_all()?;
-        drop(file);
-        match std::fs::hard_link(temp, target) {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(target.parent().expect("keys have a parent"))?;
-                std::fs::hard_link(temp, target)
-            }
-            other => other,
+    let linked = write_then_place(temp, target, bytes, |temp, target| std::fs::hard_link(temp, target));
+    match linked {
+        Ok(()) => {
+            let _ = std::fs::remove_file(temp);
+            Ok(true)
         }
-    })();
-    let _ = std::fs::remove_file(temp);
-    match result {
-        Ok(()) => Ok(true),
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(error) => Err(error),
     }

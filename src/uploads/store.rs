@@ -54,6 +54,15 @@ pub enum UploadError {
     Storage(#[from] StorageError),
 }
 
+/// The record, if it still takes parts and completion at `now`; else why not.
+fn still_pending(record: UploadRecord, now: UnixSeconds) -> Result<UploadRecord, UploadError> {
+    match record.status_at(now) {
+        UploadStatus::Pending => Ok(record),
+        UploadStatus::Expired => Err(UploadError::Expired { id: record.id }),
+        status => Err(UploadError::NotPending { id: record.id, status }),
+    }
+}
+
 fn record_key(project: &ProjectId, id: &UploadId) -> Key {
     Key::from_segments(&["uploads", project.as_str(), &format!("{id}.json")])
 }
@@ -136,12 +145,7 @@ impl UploadStore {
 
     /// The upload, if it still takes parts and completion at `now`.
     async fn pending(&self, project: &ProjectId, raw_id: &str, now: UnixSeconds) -> Result<UploadRecord, UploadError> {
-        let record = self.find(project, raw_id).await?;
-        match record.status_at(now) {
-            UploadStatus::Pending => Ok(record),
-            UploadStatus::Expired => Err(UploadError::Expired { id: record.id }),
-            status => Err(UploadError::NotPending { id: record.id, status }),
-        }
+        still_pending(self.find(project, raw_id).await?, now)
     }
 
     async fn part_keys(&self, record: &UploadRecord) -> Result<Vec<Key>, StorageError> {
@@ -185,12 +189,12 @@ impl UploadStore {
         now: UnixSeconds,
     ) -> Result<(UploadRecord, Option<FileRecord>), UploadError> {
         let record = self.find(project, raw_id).await?;
-        let same_parts = || record.part_ids.iter().map(PartId::as_str).eq(request.part_ids.iter().map(String::as_str));
-        if record.status == UploadStatus::Completed && same_parts() {
+        let same_parts = record.part_ids.iter().map(PartId::as_str).eq(request.part_ids.iter().map(String::as_str));
+        if record.status == UploadStatus::Completed && same_parts {
             let file = self.files.find(project, record.file_id().as_str()).await?;
             return Ok((record, file));
         }
-        let mut record = self.pending(project, raw_id, now).await?;
+        let mut record = still_pending(record, now)?;
         let sizes = finished_parts(&self.part_keys(&record).await?);
         let mut parts = Vec::with_capacity(request.part_ids.len());
         let mut total = 0;
@@ -227,11 +231,9 @@ impl UploadStore {
                     let file = self.files.find(project, done.file_id().as_str()).await?;
                     return Ok((done, file));
                 }
-                return Err(match done.status_at(now) {
-                    UploadStatus::Pending => StorageError::NotFound(missing).into(),
-                    UploadStatus::Expired => UploadError::Expired { id: done.id },
-                    status => UploadError::NotPending { id: done.id, status },
-                });
+                // Still pending: a part went from under it (not a completion's doing).
+                still_pending(done, now)?;
+                return Err(StorageError::NotFound(missing).into());
             }
             Err(error) => return Err(error.into()),
         };

@@ -44,13 +44,16 @@ impl Deliverer {
         let projects = self.projects.current();
         let mut events = outbox::pending(self.store.as_ref()).await?;
         METRICS.webhook_events_pending.set(events.len() as i64);
-        // (event, endpoint) pairs due now.
+        // Each event's endpoints (its project's, as configured now), and the pairs due now.
+        let endpoints: Vec<Vec<Webhook>> = events
+            .iter()
+            .map(|pending| projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default())
+            .collect();
         let mut due = Vec::new();
-        for (index, pending) in events.iter().enumerate() {
-            let endpoints = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
-            for webhook in endpoints {
+        for (index, (pending, webhooks)) in events.iter().zip(&endpoints).enumerate() {
+            for webhook in webhooks {
                 if pending.deliveries.get(webhook.url.as_str()).is_none_or(|delivery| delivery.is_due(now)) {
-                    due.push((index, webhook));
+                    due.push((index, webhook.clone()));
                 }
             }
         }
@@ -86,21 +89,18 @@ impl Deliverer {
             changed[index] = true;
         }
         let give_up_after = self.settings.give_up_after.as_secs() as i64;
-        for (pending, changed) in events.iter_mut().zip(changed) {
-            let endpoints = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
-            let open: Vec<&Webhook> = endpoints
-                .iter()
-                .filter(|webhook| {
-                    pending
-                        .deliveries
-                        .get(webhook.url.as_str())
-                        .is_none_or(|delivery: &Delivery| delivery.delivered_at.is_none())
-                })
-                .collect();
-            if open.is_empty() {
+        for ((pending, webhooks), changed) in events.iter_mut().zip(&endpoints).zip(changed) {
+            let undelivered = |webhook: &&Webhook| {
+                pending
+                    .deliveries
+                    .get(webhook.url.as_str())
+                    .is_none_or(|delivery: &Delivery| delivery.delivered_at.is_none())
+            };
+            let open = webhooks.iter().filter(undelivered).count();
+            if open == 0 {
                 outbox::remove(self.store.as_ref(), pending).await?;
             } else if now >= pending.event.created_at + give_up_after {
-                tracing::warn!(event = %pending.event.id, endpoints = open.len(), "gave up delivering a webhook event");
+                tracing::warn!(event = %pending.event.id, endpoints = open, "gave up delivering a webhook event");
                 METRICS.webhook_gave_up();
                 outbox::remove(self.store.as_ref(), pending).await?;
             } else if changed {
