@@ -12,6 +12,7 @@ pub mod auth;
 pub mod batches;
 pub mod cli;
 pub mod clock;
+pub mod concurrency;
 pub mod config;
 pub mod dev;
 pub mod drive;

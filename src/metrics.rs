@@ -89,6 +89,12 @@ pub struct Metrics {
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     pub webhook_events_pending: Gauge,
     pub superseded_runs: Counter,
+    /// Load-signal reads that failed, per upstream (batches went on without them).
+    pub load_signal_failures: Family<UpstreamLabel, Counter>,
+    /// The requests in flight an upstream is allowed now (adaptive, under the ceiling).
+    pub concurrency_limit: Family<UpstreamLabel, Gauge>,
+    /// 1 while batch dispatch to an upstream holds for its interactive traffic.
+    pub dispatch_held: Family<UpstreamLabel, Gauge>,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
     /// Whether this process counts lines and tokens as they are recorded (not on
@@ -162,6 +168,24 @@ impl Metrics {
             "Webhook events not yet delivered to every endpoint, as of the last pass",
             webhook_events_pending.clone(),
         );
+        let load_signal_failures = Family::<UpstreamLabel, Counter>::default();
+        registry.register(
+            "load_signal_failures",
+            "Reads of an upstream's load signal that failed, timed out or made no sense (batches go on without it)",
+            load_signal_failures.clone(),
+        );
+        let concurrency_limit = Family::<UpstreamLabel, Gauge>::default();
+        registry.register(
+            "upstream_concurrency_limit",
+            "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant)",
+            concurrency_limit.clone(),
+        );
+        let dispatch_held = Family::<UpstreamLabel, Gauge>::default();
+        registry.register(
+            "upstream_dispatch_held",
+            "1 while batch dispatch to an upstream holds because its load signal says interactive requests queue",
+            dispatch_held.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The running build: 1, labelled with its version", build_info.clone());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
@@ -180,6 +204,9 @@ impl Metrics {
             webhook_deliveries,
             webhook_events_pending,
             superseded_runs,
+            load_signal_failures,
+            concurrency_limit,
+            dispatch_held,
             completed_lines,
             live: AtomicBool::new(true),
         }
@@ -259,6 +286,18 @@ impl Metrics {
 
     pub fn upstream_attempt(&self, upstream: &str, took: Duration) {
         self.upstream_latency_of(upstream).observe(took.as_secs_f64());
+    }
+
+    pub fn load_signal_failures_of(&self, upstream: &str) -> Counter {
+        self.load_signal_failures.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).clone()
+    }
+
+    pub fn concurrency_limit_of(&self, upstream: &str) -> Gauge {
+        self.concurrency_limit.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).clone()
+    }
+
+    pub fn dispatch_held_of(&self, upstream: &str) -> Gauge {
+        self.dispatch_held.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).clone()
     }
 
     pub fn upstream_retry(&self, upstream: &str) {

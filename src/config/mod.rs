@@ -232,8 +232,20 @@ pub struct UpstreamConfig {
     pub api_key_env: Option<String>,
     #[serde(default = "all_models")]
     pub models: Vec<String>,
+    /// The most requests in flight: the ceiling under which the adaptive limit moves
+    /// (or, with `adaptive: false`, the limit). On Kubernetes, over the installation.
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: usize,
+    /// Find the concurrency by measuring throughput (`crate::concurrency::rule`).
+    #[serde(default = "default_adaptive")]
+    pub adaptive: bool,
+    /// The server's metrics: batch dispatch holds while its interactive requests queue.
+    #[serde(default)]
+    pub load_signal: Option<crate::concurrency::signals::LoadSignalConfig>,
+    /// Set as `priority` on every batch line (vLLM's priority scheduling: interactive
+    /// requests have 0 and go first when batch lines have more).
+    #[serde(default)]
+    pub priority: Option<i64>,
     /// How long one attempt of one request may take.
     #[serde(default = "default_upstream_timeout", deserialize_with = "duration::deserialize")]
     pub timeout: Duration,
@@ -244,6 +256,9 @@ pub struct UpstreamConfig {
 
 fn all_models() -> Vec<String> {
     vec!["*".to_owned()]
+}
+fn default_adaptive() -> bool {
+    true
 }
 fn default_max_concurrency() -> usize {
     64
@@ -485,6 +500,9 @@ impl Config {
         for upstream in &self.upstreams {
             if upstream.max_concurrency == 0 {
                 return invalid(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
+            }
+            if let Some(signal) = &upstream.load_signal {
+                signal.validate(&upstream.name).map_err(ConfigError::Invalid)?;
             }
         }
         Ok(())

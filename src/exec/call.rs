@@ -10,6 +10,7 @@ use super::backoff::{Backoff, parse_retry_after};
 use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
 use super::upstream::Upstream;
 use crate::batches::Usage;
+use crate::concurrency::priority::with_priority;
 use crate::metrics::METRICS;
 
 /// What became of a line.
@@ -74,8 +75,22 @@ pub(super) fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> 
 }
 
 /// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
-/// up to [`ATTEMPTS`] attempts in all.
+/// up to [`ATTEMPTS`] attempts in all; counts what became of it for the adaptive limit.
 pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> LineOutcome {
+    let body = match upstream.priority {
+        Some(priority) => with_priority(&body, priority),
+        None => body,
+    };
+    let outcome = attempts(client, upstream, endpoint, body).await;
+    let tokens = match &outcome {
+        LineOutcome::Success { usage, .. } => usage.output_tokens,
+        LineOutcome::Failure(_) => 0,
+    };
+    upstream.observed.finished(tokens);
+    outcome
+}
+
+async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> LineOutcome {
     let url = upstream.url_for(endpoint);
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
@@ -97,6 +112,9 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, endpoi
         match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
+                if status == 429 || status == 503 {
+                    upstream.observed.overloaded();
+                }
                 let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
                 let request_id = header("x-request-id");
                 retry_after = header("retry-after").and_then(|v| parse_retry_after(&v, SystemTime::now()));
@@ -114,7 +132,12 @@ pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, endpoi
                     Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
                 }
             }
-            Err(error) => last = Attempt::Transport(describe(upstream, &error)),
+            Err(error) => {
+                if error.is_timeout() {
+                    upstream.observed.overloaded();
+                }
+                last = Attempt::Transport(describe(upstream, &error));
+            }
         }
         pause(upstream.backoff, attempt, retry_after).await;
     }

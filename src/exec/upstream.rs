@@ -9,6 +9,9 @@ use tokio::sync::Semaphore;
 
 use super::backoff::Backoff;
 use super::limiter::Limiter;
+use crate::concurrency::Observed;
+use crate::concurrency::control::{Control, Mode, control};
+use crate::concurrency::signals::LoadSignalConfig;
 use crate::config::UpstreamConfig;
 use crate::validate::BATCHABLE_URLS;
 
@@ -27,6 +30,15 @@ pub struct Upstream {
     pub backoff: Backoff,
     /// This upstream's `nightshift_upstream_request_duration_seconds`.
     pub latency: prometheus_client::metrics::histogram::Histogram,
+    /// Whether the limit adapts under `max_concurrency` (`crate::concurrency`).
+    pub adaptive: bool,
+    pub load_signal: Option<LoadSignalConfig>,
+    /// The `priority` set on its batch lines.
+    pub priority: Option<i64>,
+    /// Its finished requests, for the adaptive limit.
+    pub observed: Observed,
+    /// The grant and the load signal's verdict, shared with its control loop.
+    pub control: Control,
 }
 
 impl Upstream {
@@ -96,6 +108,11 @@ impl Upstreams {
                 timeout: config.timeout,
                 backoff: Backoff { base: config.retry_base_delay, ..Backoff::default() },
                 latency: crate::metrics::METRICS.upstream_latency_of(&config.name),
+                adaptive: config.adaptive,
+                load_signal: config.load_signal.clone(),
+                priority: config.priority,
+                observed: Observed::default(),
+                control: Control::default(),
             });
         }
         Ok(Self { upstreams })
@@ -122,6 +139,11 @@ impl Upstreams {
             None if self.upstreams.is_empty() || model == ECHO_MODEL => Route::Echo,
             None => Route::Unserved,
         }
+    }
+
+    /// Runs every upstream's control loop (`crate::concurrency::control`), forever.
+    pub async fn control(&self, client: &reqwest::Client, mode: Mode) {
+        futures_util::future::join_all(self.upstreams.iter().map(|upstream| control(upstream, client, mode))).await;
     }
 
     pub fn echo_permits() -> Arc<Semaphore> {

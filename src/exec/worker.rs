@@ -180,10 +180,16 @@ pub async fn run_shard(
         }
         spares.clear();
 
+        // A line waiting for its upstream is counted as queued, so that other shards
+        // hand their spare permits back instead of keeping them.
+        let mut queued = None;
         let permits = ready.as_ref().map(|r| match r.upstream {
             Some(position) => {
                 let limiter = &ctx.upstreams.get(position).limiter;
                 limiter.want();
+                if dispatching && !waiting_for_tokens {
+                    queued = Some(limiter.queue());
+                }
                 limiter.semaphore().clone()
             }
             None => ctx.echo_permits.clone(),
@@ -236,6 +242,7 @@ pub async fn run_shard(
                 break;
             }
         }
+        drop(queued);
     }
     // What is recorded is committed, with a few tries left for storage (a commit
     // still trying when the grace period ended is tried again from the start).
@@ -264,7 +271,8 @@ fn full(writer: &ChunkWriter) -> bool {
     writer.pending() >= MAX_CHUNK_RECORDS || writer.pending_bytes() >= MAX_CHUNK_BYTES
 }
 
-/// A freed permit for a line of `upstream`, unless its limiter is taking permits back.
+/// A freed permit for a line of `upstream`, unless its limiter is taking permits back
+/// or lines of other shards wait for one.
 fn take_spare(ctx: &ExecContext, spares: &mut Vec<Held>, upstream: Option<usize>) -> Option<OwnedSemaphorePermit> {
     let reusable = upstream.is_none_or(|position| ctx.upstreams.get(position).limiter.may_reuse());
     let position = spares.iter().position(|(of, _)| *of == upstream).filter(|_| reusable)?;

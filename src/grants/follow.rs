@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Ack, TokenUse, read_ack, read_grant, write_ack};
+use std::sync::atomic::Ordering;
+
+use super::{Ack, Observation, TokenUse, read_ack, read_grant, write_ack};
 use crate::exec::ExecContext;
 
 /// How often a worker looks at its grant.
@@ -34,14 +36,32 @@ impl Run<'_> {
             match read_grant(store, self.worker).await {
                 Ok(grant) => {
                     let grant = grant.unwrap_or_default();
+                    // The upstreams' control loops apply it (`crate::concurrency::control`).
                     for upstream in upstreams.iter() {
-                        upstream.limiter.resize(grant.upstreams.get(&upstream.name).copied().unwrap_or(0)).await;
+                        let granted = grant.upstreams.get(&upstream.name).copied().unwrap_or(0);
+                        upstream.control.grant.store(granted, Ordering::Relaxed);
                     }
                     if let Some(tokens) = grant.tokens.filter(|tokens| tokens.run == self.run) {
                         quota.grant(tokens.allowance, tokens.exhausted);
                     }
                     let ack = Ack {
-                        upstreams: upstreams.iter().map(|u| (u.name.clone(), u.limiter.size())).collect(),
+                        // What it may be using: the permits it has, or the grant it may
+                        // take up at any moment.
+                        upstreams: upstreams
+                            .iter()
+                            .map(|u| (u.name.clone(), u.limiter.size().max(u.control.grant.load(Ordering::Relaxed))))
+                            .collect(),
+                        observed: upstreams
+                            .iter()
+                            .map(|u| {
+                                let observation = Observation {
+                                    counts: u.observed.counts(),
+                                    in_flight: u.limiter.in_flight(),
+                                    busy: u.control.busy.load(Ordering::Relaxed),
+                                };
+                                (u.name.clone(), observation)
+                            })
+                            .collect(),
                         wants: upstreams.iter().filter(|u| u.limiter.take_wanted()).map(|u| u.name.clone()).collect(),
                         released: false,
                         run: self.run.clone(),

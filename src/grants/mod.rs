@@ -59,6 +59,19 @@ pub struct Ack {
     pub run: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenUse>,
+    /// What it saw of each upstream, for the installation's adaptive limit.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub observed: BTreeMap<String, Observation>,
+}
+
+/// A worker's view of an upstream: its finished requests so far (this run), its
+/// requests in flight, and whether the load signal holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    pub counts: crate::concurrency::Counts,
+    pub in_flight: u32,
+    #[serde(default)]
+    pub busy: bool,
 }
 
 /// A run's tokens: what its shard had committed when it started (`base`), what it has

@@ -9,6 +9,7 @@ use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
 use crate::auth::{ProjectDirectory, Projects};
 use crate::batches::{BatchSettings, EmbeddedBatchStore, run_retention_loop};
+use crate::concurrency::control::Mode;
 use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
@@ -36,6 +37,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let settings = ExecSettings::from_config(&config.batches);
     let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
+    let control = tokio::spawn({
+        let exec = exec.clone();
+        async move { exec.upstreams.control(&exec.client, Mode::Local).await }
+    });
     let runner = Arc::new(Runner::new(
         batches.clone(),
         exec,
@@ -78,5 +83,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     webhooks.abort();
     retention.abort();
     reconciler.abort();
+    control.abort();
     Ok(())
 }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{open_store, shutdown_signal};
 use crate::batches::BatchSpec;
+use crate::concurrency::control::Mode;
 use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::worker::{ShardExit, run_shard};
@@ -146,9 +147,11 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             None => std::future::pending().await,
         }
     };
+    let mode = if run.is_some() { Mode::Granted } else { Mode::Local };
     let exit = tokio::select! {
         exit = run_shard(&exec, &spec, &shard, &ledger, stop) => exit,
         () = following => unreachable!("following a grant never ends"),
+        () = exec.upstreams.control(&exec.client, mode) => unreachable!("control loops never end"),
     };
     if let Some(run) = &run {
         run.release().await;

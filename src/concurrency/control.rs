@@ -1,0 +1,92 @@
+//! The loop that sets an upstream's permits in a process, every [`TICK`]: the ceiling
+//! (`max_concurrency` in `serve`, the controller's grant in a worker pod), the adaptive
+//! limit under it (found here in `serve`; on Kubernetes the grant already is the
+//! controller's share of it), and nothing at all while the load signal says interactive
+//! requests queue at the server.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::governor::{Governor, Look};
+use super::signals;
+use crate::exec::upstream::Upstream;
+use crate::metrics::METRICS;
+
+/// How often the loop looks.
+pub const TICK: Duration = Duration::from_millis(50);
+/// A failing load signal is logged at most this often (it is counted every time).
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Where an upstream's ceiling comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `serve`: `max_concurrency` is the ceiling, and the governor runs here.
+    Local,
+    /// A worker pod: the grant is the ceiling, already adapted by the controller.
+    Granted,
+}
+
+/// What the loop shares with the rest of the process.
+#[derive(Default)]
+pub struct Control {
+    /// The ceiling a worker pod's grant sets (`Mode::Granted`).
+    pub grant: AtomicU32,
+    /// The load signal says interactive requests queue now.
+    pub busy: AtomicBool,
+}
+
+/// Runs forever (the caller drops it to stop).
+pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
+    let limiter = &upstream.limiter;
+    let mut governor = Governor::new(upstream.max_concurrency);
+    let mut next_read = tokio::time::Instant::now();
+    let mut warned: Option<tokio::time::Instant> = None;
+    let signal_failures = METRICS.load_signal_failures_of(&upstream.name);
+    let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
+    let held_gauge = METRICS.dispatch_held_of(&upstream.name);
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Permits follow the target while the loop waits for the load signal.
+    let looping = async {
+        loop {
+            ticks.tick().await;
+            if let Some(signal) = &upstream.load_signal
+                && tokio::time::Instant::now() >= next_read
+            {
+                next_read = tokio::time::Instant::now() + signal.every;
+                let busy = match signals::read(client, signal).await {
+                    Ok(reading) => reading.busy(signal),
+                    Err(error) => {
+                        // Batches go on, governed by throughput alone.
+                        signal_failures.inc();
+                        if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                            warned = Some(tokio::time::Instant::now());
+                            tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
+                        }
+                        false
+                    }
+                };
+                upstream.control.busy.store(busy, Ordering::Relaxed);
+            }
+            let busy = upstream.control.busy.load(Ordering::Relaxed);
+            let limit = match mode {
+                Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
+                Mode::Local if upstream.adaptive => governor.look(Look {
+                    now: std::time::Instant::now(),
+                    counts: upstream.observed.counts(),
+                    in_flight: limiter.in_flight(),
+                    busy,
+                    ceiling: upstream.max_concurrency,
+                }),
+                Mode::Local => upstream.max_concurrency,
+            };
+            limit_gauge.set(i64::from(limit));
+            held_gauge.set(i64::from(busy));
+            limiter.set_target(if busy { 0 } else { limit });
+        }
+    };
+    tokio::select! {
+        () = limiter.apply() => {}
+        () = looping => {}
+    }
+}

@@ -1,0 +1,86 @@
+//! The night shift: how many requests in flight each upstream gets, so that batches
+//! fill a model server's idle capacity without a guessed number and without making its
+//! interactive users wait.
+//!
+//! - [`rule`]: the adaptive limit, from throughput measured at the current limit (pure).
+//! - [`governor`]: feeds the rule windows of observations and backs off on overload or
+//!   queueing (pure: time is passed in).
+//! - [`signals`]: the server's own metrics, read to hold batch dispatch while
+//!   interactive requests queue.
+//! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
+//! - [`control`]: the loop per upstream in a process (`serve`, a worker pod) that sets
+//!   the upstream's [`crate::exec::limiter::Limiter`] target.
+//!
+//! In `serve` the governor runs in the process. On Kubernetes the controller runs it
+//! over what every worker pod reports in its acknowledgment (`crate::grants`), and
+//! divides the limit it finds among the pods; each pod still reads the load signal
+//! itself, and holds at once.
+
+pub mod control;
+pub mod governor;
+pub mod priority;
+pub mod rule;
+pub mod signals;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// Counts of an upstream's finished requests, since the process started: the governor
+/// takes the difference between two readings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Lines that got a final answer (success or not).
+    pub lines: u64,
+    /// Their output tokens.
+    pub tokens: u64,
+    /// Attempts answered 429 or 503, or timed out.
+    pub overloads: u64,
+}
+
+impl Counts {
+    /// What happened between `earlier` and `self` (a reading of another run: all of it).
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        if self.lines < earlier.lines || self.tokens < earlier.tokens || self.overloads < earlier.overloads {
+            return *self;
+        }
+        Counts {
+            lines: self.lines - earlier.lines,
+            tokens: self.tokens - earlier.tokens,
+            overloads: self.overloads - earlier.overloads,
+        }
+    }
+
+    pub fn add(&mut self, other: &Counts) {
+        self.lines += other.lines;
+        self.tokens += other.tokens;
+        self.overloads += other.overloads;
+    }
+}
+
+/// [`Counts`] as requests finish, shared by every shard of the process.
+#[derive(Default)]
+pub struct Observed {
+    lines: AtomicU64,
+    tokens: AtomicU64,
+    overloads: AtomicU64,
+}
+
+impl Observed {
+    pub fn finished(&self, output_tokens: u64) {
+        self.lines.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(output_tokens, Ordering::Relaxed);
+    }
+
+    pub fn overloaded(&self) {
+        self.overloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn counts(&self) -> Counts {
+        Counts {
+            lines: self.lines.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            overloads: self.overloads.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! The adaptive concurrency rule: how many requests in flight an upstream gets, found by
+//! measuring, not guessed. Pure: windows of observations in, a limit out.
+//!
+//! The target is Kleinrock's operating point, the one TCP BBR steers for: enough
+//! requests in flight that the server's throughput no longer rises, and no more (past
+//! it, requests only queue and latency climbs). On a continuous-batching server that is
+//! its batch size, or what its KV cache holds. Latency alone does not find it there:
+//! every step slows as the batch grows, so latency climbs long before throughput stops
+//! rising. So, as BBR does, the rule measures throughput (output tokens per second, or
+//! lines per second without usage) at the current limit and probes around it:
+//!
+//! - **start**: the limit doubles while each doubling raises throughput by at least
+//!   [`ACCEPT_UP`] of the step (a doubling that gives 30% more is kept);
+//! - **probe up** by a quarter, kept on the same terms;
+//! - **probe down** by a fifth, kept if throughput fell by less than a quarter of the
+//!   step (the requests taken away were only queueing);
+//! - otherwise **hold** for [`HOLD_WINDOWS`] windows, then probe again (the server's
+//!   capacity changes: other traffic comes and goes);
+//! - **back off**: on overload (429, 503, timeouts) or interactive requests queueing,
+//!   the limit is cut multiplicatively at once, and probing starts again from there.
+//!
+//! A window right after a change is not judged (the requests in flight are still those
+//! of the old limit), and neither is one in which fewer requests were in flight than
+//! the limit allowed: the batch, not the limit, held throughput back.
+
+/// A probe up that raises throughput by at least this share of its own step is kept.
+pub const ACCEPT_UP: f64 = 0.3;
+/// A probe down that loses at most this share of its own step is kept.
+pub const ACCEPT_DOWN: f64 = 0.25;
+/// Windows at a limit found good before probing again.
+pub const HOLD_WINDOWS: u32 = 6;
+/// A window in which requests in flight averaged less than this share of the limit is
+/// not judged (not enough lines to fill it).
+pub const BUSY: f64 = 0.85;
+const START_FACTOR: f64 = 2.0;
+const UP_FACTOR: f64 = 1.25;
+const DOWN_FACTOR: f64 = 0.8;
+/// The cut on overload (429, 503, timeouts).
+const OVERLOAD_FACTOR: f64 = 0.5;
+/// The cut when interactive requests queue at the server.
+const QUEUE_FACTOR: f64 = 0.9;
+/// Where the limit starts (or the ceiling, if lower).
+pub const INITIAL: u32 = 8;
+
+/// What was observed over one window at the current limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Window {
+    /// Requests in flight, on average.
+    pub in_flight: f64,
+    /// Output tokens of the lines that finished.
+    pub tokens: u64,
+    /// Lines that finished.
+    pub lines: u64,
+    pub seconds: f64,
+}
+
+/// Why the limit is cut at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backoff {
+    /// The upstream answered 429 or 503, or timed out.
+    Overload,
+    /// Interactive requests are queueing at the server (its load signal).
+    Queueing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Point {
+    limit: u32,
+    tokens_per_sec: f64,
+    lines_per_sec: f64,
+}
+
+impl Point {
+    /// The rate to compare with `other`: tokens when both have them, else lines.
+    fn rates(&self, other: &Point) -> (f64, f64) {
+        if self.tokens_per_sec > 0.0 && other.tokens_per_sec > 0.0 {
+            (self.tokens_per_sec, other.tokens_per_sec)
+        } else {
+            (self.lines_per_sec, other.lines_per_sec)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// Doubling from the start.
+    Start,
+    /// Measuring at the limit, to probe up from it next.
+    Measure,
+    /// Trying a higher limit than `base`.
+    Up,
+    /// Trying a lower limit than `base`.
+    Down,
+    /// Staying at `base` for this many more windows.
+    Hold(u32),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    limit: u32,
+    phase: Phase,
+    /// The operating point the probes are compared with.
+    base: Option<Point>,
+    /// The next window is still settling after a change.
+    settling: bool,
+}
+
+impl Rule {
+    pub fn new(ceiling: u32) -> Self {
+        Self { limit: INITIAL.min(ceiling).max(1), phase: Phase::Start, base: None, settling: false }
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Judges a window observed at [`Rule::limit`]; returns the limit to use next,
+    /// never above `ceiling` nor below 1.
+    pub fn observe(&mut self, window: Window, ceiling: u32) -> u32 {
+        let ceiling = ceiling.max(1);
+        if self.limit > ceiling {
+            return self.set(ceiling, Phase::Measure, None);
+        }
+        if std::mem::take(&mut self.settling) || window.seconds <= 0.0 {
+            return self.limit;
+        }
+        let busy = window.in_flight >= BUSY * f64::from(self.limit);
+        if !busy && self.phase != Phase::Down {
+            // Not enough lines to fill the limit: nothing to learn about the server.
+            if matches!(self.phase, Phase::Up) {
+                let base = self.base.expect("a probe has a base");
+                return self.set(base.limit, Phase::Hold(HOLD_WINDOWS), Some(base));
+            }
+            return self.limit;
+        }
+        let here = Point {
+            limit: self.limit,
+            tokens_per_sec: window.tokens as f64 / window.seconds,
+            lines_per_sec: window.lines as f64 / window.seconds,
+        };
+        match (self.phase, self.base) {
+            (Phase::Start, Some(base)) if gain(&base, &here) < ACCEPT_UP => self.probe_down(base),
+            (Phase::Start, _) => self.probe_up(here, START_FACTOR, Phase::Start, ceiling),
+            (Phase::Measure, _) => self.probe_up(here, UP_FACTOR, Phase::Up, ceiling),
+            (Phase::Up, Some(base)) if gain(&base, &here) >= ACCEPT_UP => {
+                self.probe_up(here, UP_FACTOR, Phase::Up, ceiling)
+            }
+            (Phase::Up, Some(base)) => self.probe_down(base),
+            (Phase::Down, Some(base)) if gain(&base, &here) <= ACCEPT_DOWN => {
+                // What was taken away only queued: stay lower, and look lower still.
+                self.probe_down(here)
+            }
+            (Phase::Down, Some(base)) => self.set(base.limit, Phase::Hold(HOLD_WINDOWS), Some(base)),
+            (Phase::Hold(0), _) => self.set(self.limit, Phase::Measure, None),
+            (Phase::Hold(left), base) => {
+                self.phase = Phase::Hold(left - 1);
+                self.base = base;
+                self.limit
+            }
+            (Phase::Up | Phase::Down, None) => self.set(self.limit, Phase::Measure, None),
+        }
+    }
+
+    /// Cuts the limit at once; probing starts again from the new one.
+    pub fn back_off(&mut self, why: Backoff) -> u32 {
+        let factor = match why {
+            Backoff::Overload => OVERLOAD_FACTOR,
+            Backoff::Queueing => QUEUE_FACTOR,
+        };
+        let cut = ((f64::from(self.limit) * factor).floor() as u32).max(1);
+        self.set(cut, Phase::Hold(HOLD_WINDOWS / 2), None)
+    }
+
+    fn probe_up(&mut self, from: Point, factor: f64, phase: Phase, ceiling: u32) -> u32 {
+        let up = scaled(from.limit, factor).min(ceiling);
+        if up == from.limit {
+            return self.set(from.limit, Phase::Hold(HOLD_WINDOWS), Some(from));
+        }
+        self.set(up, if phase == Phase::Start { Phase::Start } else { Phase::Up }, Some(from))
+    }
+
+    fn probe_down(&mut self, from: Point) -> u32 {
+        let down = scaled(from.limit, DOWN_FACTOR);
+        if down == from.limit {
+            return self.set(from.limit, Phase::Hold(HOLD_WINDOWS), Some(from));
+        }
+        self.set(down, Phase::Down, Some(from))
+    }
+
+    fn set(&mut self, limit: u32, phase: Phase, base: Option<Point>) -> u32 {
+        self.settling = limit != self.limit;
+        self.limit = limit.max(1);
+        self.phase = phase;
+        self.base = base;
+        self.limit
+    }
+}
+
+/// The limit times `factor`, moved by at least one.
+fn scaled(limit: u32, factor: f64) -> u32 {
+    let next = (f64::from(limit) * factor).round() as u32;
+    match factor > 1.0 {
+        true => next.max(limit + 1),
+        false => next.min(limit.saturating_sub(1)).max(1),
+    }
+}
+
+/// How throughput answered the move from `base` to `here`: its relative change over
+/// the limit's relative change (1: in proportion, 0: not at all; a probe down that lost
+/// nothing gives 0).
+fn gain(base: &Point, here: &Point) -> f64 {
+    let (before, after) = base.rates(here);
+    let step = (f64::from(here.limit) - f64::from(base.limit)) / f64::from(base.limit);
+    if before <= 0.0 || step == 0.0 {
+        return if after > before { 1.0 } else { 0.0 };
+    }
+    ((after - before) / before) / step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that gives `rate(limit)` tokens/s with every slot busy.
+    fn window(tokens_per_sec: f64, in_flight: f64) -> Window {
+        Window { in_flight, tokens: tokens_per_sec as u64, lines: (tokens_per_sec / 10.0) as u64, seconds: 1.0 }
+    }
+
+    /// Runs the rule against a server whose throughput at `n` requests in flight is
+    /// `server(n)`, for `windows` windows; returns the limits used, window by window.
+    fn drive(rule: &mut Rule, ceiling: u32, windows: usize, server: impl Fn(u32) -> f64) -> Vec<u32> {
+        (0..windows)
+            .map(|_| {
+                let limit = rule.limit();
+                rule.observe(window(server(limit), f64::from(limit)), ceiling);
+                limit
+            })
+            .collect()
+    }
+
+    /// A continuous-batching server: throughput rises with the batch up to `batch`
+    /// sequences, each step slowing by `per_seq` of its base; beyond, requests queue.
+    fn batching(batch: u32, per_seq: f64) -> impl Fn(u32) -> f64 {
+        move |n| {
+            let running = f64::from(n.min(batch));
+            1000.0 * running / (1.0 + per_seq * running)
+        }
+    }
+
+    #[test]
+    fn it_doubles_from_the_start_then_settles_at_the_servers_batch_size() {
+        let mut rule = Rule::new(1024);
+        let limits = drive(&mut rule, 1024, 60, batching(32, 0.008));
+        assert_eq!(&limits[..6], &[8, 16, 16, 32, 32, 64], "each doubling is judged after a settling window");
+        let settled = &limits[20..];
+        let at_knee = settled.iter().filter(|l| (26..=40).contains(*l)).count();
+        assert_eq!(at_knee, settled.len(), "probes stay within a step of the batch size: {settled:?}");
+        let mean = settled.iter().map(|l| f64::from(*l)).sum::<f64>() / settled.len() as f64;
+        assert!((30.0..=35.0).contains(&mean), "mostly at 32: mean {mean}: {settled:?}");
+    }
+
+    #[test]
+    fn a_knee_between_doublings_is_found_by_the_probes() {
+        let mut rule = Rule::new(1024);
+        let limits = drive(&mut rule, 1024, 80, batching(45, 0.008));
+        let settled = &limits[40..];
+        let mean = settled.iter().map(|l| f64::from(*l)).sum::<f64>() / settled.len() as f64;
+        assert!((40.0..=52.0).contains(&mean), "near 45: mean {mean}: {settled:?}");
+        assert!(settled.iter().all(|l| *l >= 32), "{settled:?}");
+    }
+
+    #[test]
+    fn the_ceiling_bounds_it_and_a_server_that_keeps_scaling_gets_the_ceiling() {
+        let mut rule = Rule::new(20);
+        let limits = drive(&mut rule, 20, 40, |n| 100.0 * f64::from(n));
+        assert!(limits.iter().all(|l| *l <= 20));
+        let settled = &limits[10..];
+        let at_ceiling = settled.iter().filter(|l| **l == 20).count();
+        assert!(at_ceiling * 10 >= settled.len() * 8, "mostly at the ceiling: {settled:?}");
+        // A ceiling lowered under it (a smaller grant) applies at once.
+        assert_eq!(rule.observe(window(100.0, 20.0), 5), 5);
+        assert_eq!(Rule::new(3).limit(), 3, "a ceiling below the start");
+    }
+
+    #[test]
+    fn overload_halves_it_and_queueing_cuts_a_tenth() {
+        let cases = [
+            (Backoff::Overload, 32, 16),
+            (Backoff::Overload, 1, 1),
+            (Backoff::Queueing, 32, 28),
+            (Backoff::Queueing, 3, 2),
+        ];
+        for (why, from, to) in cases {
+            let mut rule = Rule::new(1024);
+            rule.limit = from;
+            assert_eq!(rule.back_off(why), to, "{why:?} at {from}");
+        }
+    }
+
+    #[test]
+    fn windows_that_do_not_fill_the_limit_or_are_settling_teach_nothing() {
+        let mut rule = Rule::new(1024);
+        assert_eq!(rule.observe(window(8000.0, 8.0), 1024), 16);
+        assert_eq!(rule.observe(window(1.0, 16.0), 1024), 16, "the first window after a change is not judged");
+        // Only 5 lines to send: throughput says nothing about the server.
+        for _ in 0..10 {
+            assert_eq!(rule.observe(window(5000.0, 5.0), 1024), 16);
+        }
+        assert_eq!(rule.observe(window(16000.0, 16.0), 1024), 32, "full again: doubling goes on");
+    }
+
+    #[test]
+    fn gain_is_relative_throughput_over_relative_limit() {
+        let at = |limit, rate| Point { limit, tokens_per_sec: rate, lines_per_sec: rate / 10.0 };
+        let cases = [
+            (at(10, 100.0), at(20, 200.0), 1.0),
+            (at(10, 100.0), at(20, 100.0), 0.0),
+            (at(10, 100.0), at(20, 150.0), 0.5),
+            (at(10, 100.0), at(8, 100.0), 0.0),
+            (at(10, 100.0), at(8, 80.0), 1.0),
+            (at(10, 0.0), at(20, 0.0), 0.0),
+        ];
+        for (base, here, expected) in cases {
+            assert!((gain(&base, &here) - expected).abs() < 1e-9, "{base:?} → {here:?}");
+        }
+        // Without tokens, lines count.
+        let lines = |limit, rate| Point { limit, tokens_per_sec: 0.0, lines_per_sec: rate };
+        assert!((gain(&lines(10, 5.0), &lines(20, 10.0)) - 1.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,272 @@
+//! Load signals: a model server's own Prometheus metrics, read every few hundred
+//! milliseconds, say whether its interactive requests are queueing (vLLM's
+//! `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`) or its KV cache is
+//! nearly full (`vllm:kv_cache_usage_perc`, `sglang:token_usage`). Batch dispatch then
+//! holds until they drain. A signal that fails, times out or makes no sense never
+//! stops batches: the latency-based rule alone governs then, and a metric says so.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::duration;
+
+/// The server whose metric names are the defaults.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+/// `upstreams[].load_signal`: where a server's metrics are and when it is busy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadSignalConfig {
+    /// The server's Prometheus endpoint (`http://vllm:8000/metrics`).
+    pub url: String,
+    #[serde(default)]
+    pub server: ServerKind,
+    /// How often it is read (50ms to 10s).
+    #[serde(default = "default_every", deserialize_with = "duration::deserialize_precise")]
+    pub every: Duration,
+    /// Batch dispatch holds while more requests than this wait at the server (0: any).
+    #[serde(default)]
+    pub max_waiting: f64,
+    /// … or while its KV cache is fuller than this share (0 < x ≤ 1).
+    #[serde(default = "default_max_kv_cache_usage")]
+    pub max_kv_cache_usage: f64,
+    /// The metric of requests waiting, if not the server's usual one.
+    #[serde(default)]
+    pub waiting_metric: Option<String>,
+    /// The metric of KV-cache usage (0..1), if not the server's usual one.
+    #[serde(default)]
+    pub kv_cache_metric: Option<String>,
+}
+
+fn default_every() -> Duration {
+    Duration::from_millis(250)
+}
+fn default_max_kv_cache_usage() -> f64 {
+    0.95
+}
+
+impl LoadSignalConfig {
+    /// Out-of-range settings, as a config error.
+    pub fn validate(&self, upstream: &str) -> Result<(), String> {
+        let at = format!("upstream {upstream}: load_signal");
+        match reqwest::Url::parse(&self.url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            _ => return Err(format!("{at}.url {:?} is not an http(s) URL", self.url)),
+        }
+        if !(Duration::from_millis(50)..=Duration::from_secs(10)).contains(&self.every) {
+            return Err(format!("{at}.every must be between 50ms and 10s"));
+        }
+        if !self.max_waiting.is_finite() || self.max_waiting < 0.0 {
+            return Err(format!("{at}.max_waiting must be 0 or more"));
+        }
+        if !(self.max_kv_cache_usage > 0.0 && self.max_kv_cache_usage <= 1.0) {
+            return Err(format!("{at}.max_kv_cache_usage must be more than 0 and at most 1"));
+        }
+        for name in [&self.waiting_metric, &self.kv_cache_metric].into_iter().flatten() {
+            if name.is_empty() || name.contains(char::is_whitespace) || name.contains('{') {
+                return Err(format!("{at}: {name:?} is not a metric name"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The waiting metric's names, the first present counting.
+    fn waiting_metrics(&self) -> Vec<&str> {
+        match (&self.waiting_metric, self.server) {
+            (Some(name), _) => vec![name],
+            (None, ServerKind::Vllm) => vec!["vllm:num_requests_waiting"],
+            (None, ServerKind::Sglang) => vec!["sglang:num_queue_reqs"],
+        }
+    }
+
+    fn kv_cache_metrics(&self) -> Vec<&str> {
+        match (&self.kv_cache_metric, self.server) {
+            (Some(name), _) => vec![name],
+            // Older vLLM releases call it gpu_cache_usage_perc.
+            (None, ServerKind::Vllm) => vec!["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+            (None, ServerKind::Sglang) => vec!["sglang:token_usage"],
+        }
+    }
+}
+
+/// What one reading of the metrics said.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading {
+    /// Requests waiting, over every series of the metric (each model served).
+    pub waiting: f64,
+    /// The fullest KV cache, when the server reports one.
+    pub kv_cache_usage: Option<f64>,
+}
+
+impl Reading {
+    /// Whether batch dispatch should hold: interactive requests queue, or the cache is full.
+    pub fn busy(&self, config: &LoadSignalConfig) -> bool {
+        self.waiting > config.max_waiting || self.kv_cache_usage.is_some_and(|usage| usage > config.max_kv_cache_usage)
+    }
+}
+
+/// Reads the signal's metrics out of a Prometheus text exposition.
+pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
+    let waiting = config
+        .waiting_metrics()
+        .into_iter()
+        .find_map(|name| sum(text, name))
+        .ok_or_else(|| format!("no {} in the metrics", config.waiting_metrics().join(" or ")))??;
+    let kv_cache_usage = match config.kv_cache_metrics().into_iter().find_map(|name| max(text, name)) {
+        Some(usage) => Some(usage?),
+        None => None,
+    };
+    if !waiting.is_finite() || waiting < 0.0 {
+        return Err(format!("requests waiting is {waiting}"));
+    }
+    if let Some(usage) = kv_cache_usage
+        && !(0.0..=1.5).contains(&usage)
+    {
+        return Err(format!("KV-cache usage is {usage}, not a share"));
+    }
+    Ok(Reading { waiting, kv_cache_usage })
+}
+
+/// The values of every series of `name` (`None`: no series).
+fn values<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Result<f64, String>> + 'a {
+    text.lines().filter(|line| !line.starts_with('#')).filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        let rest = match rest.chars().next()? {
+            '{' => &rest[rest.rfind('}')? + 1..],
+            ' ' | '\t' => rest,
+            _ => return None, // a longer name with this one as its prefix
+        };
+        let value = rest.split_whitespace().next()?;
+        Some(value.parse::<f64>().map_err(|_| format!("{name} has the value {value:?}")))
+    })
+}
+
+fn sum(text: &str, name: &str) -> Option<Result<f64, String>> {
+    let mut found = None;
+    for value in values(text, name) {
+        found = Some(match (found, value) {
+            (_, Err(error)) | (Some(Err(error)), _) => Err(error),
+            (None, Ok(value)) => Ok(value),
+            (Some(Ok(total)), Ok(value)) => Ok(total + value),
+        });
+    }
+    found
+}
+
+fn max(text: &str, name: &str) -> Option<Result<f64, String>> {
+    let mut found = None;
+    for value in values(text, name) {
+        found = Some(match (found, value) {
+            (_, Err(error)) | (Some(Err(error)), _) => Err(error),
+            (None, Ok(value)) => Ok(value),
+            (Some(Ok(most)), Ok(value)) => Ok(f64::max(most, value)),
+        });
+    }
+    found
+}
+
+/// Reads the signal once; a failure is described, never fatal.
+pub async fn read(client: &reqwest::Client, config: &LoadSignalConfig) -> Result<Reading, String> {
+    let timeout = config.every.max(Duration::from_millis(200)) * 4;
+    let response =
+        client.get(&config.url).timeout(timeout).send().await.map_err(|error| {
+            if error.is_timeout() { "timed out".to_owned() } else { "could not connect".to_owned() }
+        })?;
+    if !response.status().is_success() {
+        return Err(format!("answered {}", response.status().as_u16()));
+    }
+    let bytes = response.bytes().await.map_err(|_| "the answer broke off".to_owned())?;
+    if bytes.len() > 8 * 1024 * 1024 {
+        return Err("the answer is over 8 MB".to_owned());
+    }
+    parse(&String::from_utf8_lossy(&bytes), config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> LoadSignalConfig {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    const VLLM: &str = "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+        # TYPE vllm:num_requests_waiting gauge\n\
+        vllm:num_requests_waiting{model_name=\"a\"} 2.0\n\
+        vllm:num_requests_waiting{model_name=\"b\"} 1.0\n\
+        vllm:num_requests_waiting_by_reason{reason=\"x\"} 50\n\
+        vllm:kv_cache_usage_perc{model_name=\"a\"} 0.5\n\
+        vllm:kv_cache_usage_perc{model_name=\"b\"} 0.97\n";
+
+    #[test]
+    fn readings_of_vllm_sglang_and_named_metrics() {
+        let vllm = config("url: http://vllm:8000/metrics");
+        assert_eq!(parse(VLLM, &vllm), Ok(Reading { waiting: 3.0, kv_cache_usage: Some(0.97) }));
+        let old = "vllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.25\n";
+        assert_eq!(parse(old, &vllm), Ok(Reading { waiting: 0.0, kv_cache_usage: Some(0.25) }));
+        let sglang = config("url: http://sglang:30000/metrics\nserver: sglang");
+        let text = "sglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:token_usage{model_name=\"m\"} 0.1\n";
+        assert_eq!(parse(text, &sglang), Ok(Reading { waiting: 4.0, kv_cache_usage: Some(0.1) }));
+        let named = config("url: http://x/metrics\nwaiting_metric: tgi_queue_size");
+        assert_eq!(parse("tgi_queue_size 7\n", &named), Ok(Reading { waiting: 7.0, kv_cache_usage: None }));
+    }
+
+    #[test]
+    fn garbage_is_an_error_never_a_reading() {
+        let vllm = config("url: http://vllm:8000/metrics");
+        let cases = [
+            "",
+            "<html>not metrics</html>",
+            "vllm:num_requests_waiting_total 3\n",
+            "vllm:num_requests_waiting{model_name=\"a\"} many\n",
+            "vllm:num_requests_waiting -1\n",
+            "vllm:num_requests_waiting NaN\n",
+            "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 97\n",
+        ];
+        for text in cases {
+            assert!(parse(text, &vllm).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn busy_when_requests_wait_or_the_cache_is_full() {
+        let strict = config("url: http://x/metrics");
+        let lenient = config("url: http://x/metrics\nmax_waiting: 4\nmax_kv_cache_usage: 0.99");
+        let cases = [
+            (0.0, None, false, false),
+            (1.0, None, true, false),
+            (5.0, Some(0.1), true, true),
+            (0.0, Some(0.96), true, false),
+            (0.0, Some(0.995), true, true),
+        ];
+        for (waiting, kv_cache_usage, strict_busy, lenient_busy) in cases {
+            let reading = Reading { waiting, kv_cache_usage };
+            assert_eq!((reading.busy(&strict), reading.busy(&lenient)), (strict_busy, lenient_busy), "{reading:?}");
+        }
+    }
+
+    #[test]
+    fn out_of_range_settings_are_config_errors() {
+        let cases = [
+            ("url: vllm:8000/metrics", "not an http(s) URL"),
+            ("url: ftp://x/metrics", "not an http(s) URL"),
+            ("url: http://x/metrics\nevery: 10ms", "between 50ms and 10s"),
+            ("url: http://x/metrics\nmax_waiting: -1", "0 or more"),
+            ("url: http://x/metrics\nmax_kv_cache_usage: 0", "more than 0 and at most 1"),
+            ("url: http://x/metrics\nmax_kv_cache_usage: 1.5", "more than 0 and at most 1"),
+            ("url: http://x/metrics\nwaiting_metric: \"a b\"", "not a metric name"),
+        ];
+        for (yaml, message) in cases {
+            let error = config(yaml).validate("vllm").unwrap_err();
+            assert!(error.contains(message), "{yaml}: {error}");
+        }
+        assert!(config("url: http://x/metrics\nmax_kv_cache_usage: 1").validate("vllm").is_ok());
+    }
+}
