@@ -141,7 +141,7 @@ fn main() {
             &config,
             format!(
                 "projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\nupstreams:\n  - name: bench\n    \
-                 base_url: {upstream_url}\n    max_concurrency: {CONCURRENCY}\nbatches:\n  reconcile_interval: 100ms\n{}",
+                 base_url: {upstream_url}\n    max_concurrency: {CONCURRENCY}\n    adaptive: false\nbatches:\n  reconcile_interval: 100ms\n{}",
                 std::env::var("BENCH_BATCHES").unwrap_or_default().replace(';', "\n")
             ),
         )

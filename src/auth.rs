@@ -28,6 +28,8 @@ pub struct Project {
     pub requests_per_minute: Option<u32>,
     /// Where its batch events go.
     pub webhooks: Vec<crate::webhooks::Webhook>,
+    /// Its share of capacity (`crate::schedule`).
+    pub weight: u32,
     keys: Vec<StoredKey>,
 }
 
@@ -130,6 +132,7 @@ impl Projects {
                             })
                         })
                         .collect(),
+                    weight: project.weight,
                     keys,
                 };
                 (project.id.clone(), entry)
@@ -249,6 +252,7 @@ mod tests {
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
+                weight: 1,
             },
             ProjectConfig {
                 id: ProjectId::parse(OTHER).unwrap(),
@@ -257,6 +261,7 @@ mod tests {
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
+                weight: 1,
             },
             ProjectConfig {
                 id: ProjectId::parse(THIRD).unwrap(),
@@ -265,6 +270,7 @@ mod tests {
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
+                weight: 1,
             },
         ])
     }

@@ -25,6 +25,7 @@ impl DevCredentials {
             quota: None,
             rate_limit: None,
             webhooks: Vec::new(),
+            weight: 1,
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod quota;
 pub mod reconcile;
 pub mod roles;
 pub mod runner;
+pub mod schedule;
 pub mod storage;
 pub mod telemetry;
 pub mod uploads;

@@ -201,6 +201,7 @@ mod tests {
             quota: Some(QuotaConfig { tokens: 100 }),
             rate_limit: None,
             webhooks: Vec::new(),
+            weight: 1,
         }]);
         let ledger = QuotaLedger::new(&projects);
         let (a, b) = (BatchId::generate(), BatchId::generate());

@@ -61,6 +61,7 @@ pub fn decide(batch: &Batch, shards: &[ShardProgress], running: &BTreeSet<u32>, 
         sum
     });
     let all_recorded = shards.iter().all(ShardProgress::is_complete);
+    state.estimated_completion_at = crate::batches::eta::estimate(&batch.state, &state, now);
 
     let action = match state.status {
         Status::Finalizing => Action::Finalize(Ending::Completed),

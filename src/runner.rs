@@ -12,11 +12,13 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::batches::{Batch, BatchState, BatchStore, EmbeddedBatchStore};
+use crate::batches::{Batch, BatchState, BatchStore, EmbeddedBatchStore, Status};
+use crate::config::Scheduling;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::worker::{ShardExit, run_shard};
 use crate::exec::{ExecContext, ExecError};
-use crate::ids::{BatchId, FileId};
+use crate::ids::{BatchId, FileId, ProjectId};
+use crate::schedule::{Candidate, allot, allot_in_order};
 use crate::validate::Shard;
 
 struct Worker {
@@ -33,6 +35,13 @@ pub struct Runner {
     interval: Duration,
     /// Shards run at once over all batches: bounds memory and open inputs.
     max_running_shards: usize,
+    /// How those are shared between batches, and the projects' weights for it.
+    scheduling: Scheduling,
+    weights: HashMap<ProjectId, u32>,
+    /// Shards each running batch may run, as the last pass allotted them.
+    allotted: Mutex<HashMap<BatchId, usize>>,
+    /// Shards whose worker finished them (they need no slot any more).
+    finished: Arc<Mutex<HashSet<(BatchId, u32)>>>,
     wake: Arc<Notify>,
 }
 
@@ -43,7 +52,26 @@ impl Runner {
         interval: Duration,
         max_running_shards: usize,
     ) -> Self {
-        Self { batches, exec, workers: Mutex::default(), interval, max_running_shards, wake: Arc::new(Notify::new()) }
+        Self {
+            batches,
+            exec,
+            workers: Mutex::default(),
+            interval,
+            max_running_shards,
+            scheduling: Scheduling::default(),
+            weights: HashMap::new(),
+            allotted: Mutex::default(),
+            finished: Arc::default(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Shares shards between batches as `scheduling` says, projects by `weights` (1
+    /// for those not named).
+    pub fn scheduled(mut self, scheduling: Scheduling, weights: HashMap<ProjectId, u32>) -> Self {
+        self.scheduling = scheduling;
+        self.weights = weights;
+        self
     }
 
     /// Notified when a batch is created or cancelled, so the loop need not wait a tick.
@@ -80,12 +108,64 @@ impl Runner {
         crate::metrics::METRICS.set_batch_counts(&counts, queue_depth);
         let mut batches = self.batches.unfinished().await;
         batches.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        self.allot(&batches).await;
         for batch in batches {
             let id = batch.spec.id.clone();
             if let Err(error) = self.reconcile(batch).await {
                 tracing::warn!(batch = %id, %error, "reconcile failed; retrying next tick");
             }
         }
+    }
+
+    /// Shares the shard slots among the batches that run (`crate::schedule`), and stops
+    /// shards of a batch that runs more than its share now (they go on later from their
+    /// checkpoints).
+    async fn allot(&self, batches: &[Batch]) {
+        let running: Vec<&Batch> = batches.iter().filter(|b| b.state.status == Status::InProgress).collect();
+        let live = self.running_shards();
+        let finished = self.finished.lock().expect("finished").clone();
+        let candidates: Vec<Candidate<&ProjectId>> = running
+            .iter()
+            .map(|batch| {
+                let done = finished.iter().filter(|(id, _)| *id == batch.spec.id).count();
+                Candidate {
+                    project: &batch.spec.project_id,
+                    weight: self.weights.get(&batch.spec.project_id).copied().unwrap_or(1),
+                    expires_at: batch.spec.expires_at,
+                    created_at: batch.spec.created_at,
+                    shards: batch.spec.plan.shards.len().saturating_sub(done),
+                }
+            })
+            .collect();
+        let shares = match self.scheduling {
+            Scheduling::Fair => allot(self.max_running_shards, &candidates),
+            Scheduling::Fifo => allot_in_order(self.max_running_shards, &candidates),
+        };
+        let mut over = Vec::new();
+        for (batch, share) in running.iter().zip(&shares) {
+            let mut shards: Vec<u32> =
+                live.iter().filter(|(id, _)| *id == batch.spec.id).map(|(_, shard)| *shard).collect();
+            shards.sort_unstable();
+            over.extend(shards.iter().skip(*share).map(|shard| (*batch, *shard)));
+        }
+        let ids: HashSet<&BatchId> = batches.iter().map(|b| &b.spec.id).collect();
+        self.finished.lock().expect("finished").retain(|(id, _)| ids.contains(id));
+        *self.allotted.lock().expect("allotted") =
+            running.iter().zip(shares).map(|(batch, share)| (batch.spec.id.clone(), share)).collect();
+        for (batch, shard) in over {
+            tracing::debug!(batch = %batch.spec.id, shard, "over its share: the shard stops for now");
+            let _ = Runtime::stop(self, batch, shard).await;
+        }
+    }
+
+    /// The shards whose workers run (not told to stop).
+    fn running_shards(&self) -> Vec<(BatchId, u32)> {
+        let workers = self.workers.lock().expect("workers");
+        workers
+            .iter()
+            .filter(|(_, worker)| !worker.handle.is_finished() && !worker.stop.is_cancelled())
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     fn running_total(&self) -> usize {
@@ -119,8 +199,13 @@ impl Runtime for Runner {
             .collect())
     }
 
-    fn free_slots(&self) -> Option<usize> {
-        Some(self.max_running_shards.saturating_sub(self.running_total()))
+    fn free_slots(&self, batch: &Batch) -> Option<usize> {
+        let free = self.max_running_shards.saturating_sub(self.running_total());
+        let Some(share) = self.allotted.lock().expect("allotted").get(&batch.spec.id).copied() else {
+            return Some(free);
+        };
+        let ours = self.running_shards().iter().filter(|(id, _)| *id == batch.spec.id).count();
+        Some(free.min(share.saturating_sub(ours)))
     }
 
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ExecError> {
@@ -128,6 +213,7 @@ impl Runtime for Runner {
         let (exec, spec, shard, token) = (self.exec.clone(), batch.spec.clone(), shard.clone(), stop.clone());
         let index = shard.index;
         let wake = self.wake.clone();
+        let finished = self.finished.clone();
         let failed = Arc::new(AtomicBool::new(false));
         let failure = failed.clone();
         let handle = tokio::spawn(async move {
@@ -137,7 +223,10 @@ impl Runtime for Runner {
                 Err(error) => Err(error),
             };
             match result {
-                Ok(ShardExit::Finished) => tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished"),
+                Ok(ShardExit::Finished) => {
+                    tracing::debug!(batch = %spec.id, shard = shard.index, "shard finished");
+                    finished.lock().expect("finished").insert((spec.id.clone(), shard.index));
+                }
                 Ok(ShardExit::Stopped) => tracing::info!(batch = %spec.id, shard = shard.index, "shard stopped"),
                 // Another process claimed the shard (only a worker run by hand on the same
                 // storage can): the shard starts here again, claiming it back, if it is

@@ -3,6 +3,7 @@
 
 pub mod create;
 mod embedded;
+pub mod eta;
 mod lifecycle;
 mod model;
 mod object;

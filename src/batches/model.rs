@@ -161,6 +161,12 @@ pub struct BatchState {
     /// On Kubernetes, the share of lines with a record (`kubectl get batches`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub progress: String,
+    /// When an in-progress batch should be done at its pace so far (`super::eta`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_completion_at: Option<UnixSeconds>,
+    /// On Kubernetes, that time in RFC 3339 (`kubectl get batches`' ETA column).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub eta: String,
 }
 
 /// A map keyed by shard index, from JSON's string keys. serde_json would turn them into
@@ -236,6 +242,8 @@ impl BatchState {
             shard_failures: std::collections::BTreeMap::new(),
             conditions: Vec::new(),
             progress: String::new(),
+            estimated_completion_at: None,
+            eta: String::new(),
         }
     }
 }

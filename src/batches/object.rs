@@ -32,6 +32,9 @@ pub struct BatchObject {
     /// The model every input line names (OpenAI's `Batch.model`); null when they differ.
     pub model: Option<String>,
     pub usage: UsageObject,
+    /// Nightshift's extension: when an in-progress batch should be done at its pace so
+    /// far (unix seconds); null otherwise. The SDKs keep fields they don't know.
+    pub estimated_completion_at: Option<UnixSeconds>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -92,6 +95,7 @@ impl From<&Batch> for BatchObject {
                 output_tokens_details: ReasoningTokens { reasoning_tokens: state.usage.reasoning_tokens },
                 total_tokens: state.usage.total_tokens,
             },
+            estimated_completion_at: state.estimated_completion_at,
         }
     }
 }

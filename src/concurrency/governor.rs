@@ -76,7 +76,7 @@ impl Governor {
             self.last_backoff = Some(look.now);
             self.window = None;
         }
-        let window = self.window.get_or_insert_with(|| Open {
+        let window = self.window.get_or_insert(Open {
             started: look.now,
             at_start: look.counts,
             in_flight_sum: 0.0,

@@ -187,6 +187,14 @@ pub struct ProjectConfig {
     /// Where this project's batch events are delivered.
     #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
+    /// Its share of capacity when batches of several projects wait (`crate::schedule`):
+    /// a project of weight 2 runs twice the shards of one of weight 1.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+pub fn default_weight() -> u32 {
+    1
 }
 
 /// `{url: https://..., secret: whsec_...}`.
@@ -257,6 +265,15 @@ pub struct UpstreamConfig {
 fn all_models() -> Vec<String> {
     vec!["*".to_owned()]
 }
+/// `batches.scheduling`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduling {
+    #[default]
+    Fair,
+    Fifo,
+}
+
 fn default_adaptive() -> bool {
     true
 }
@@ -294,11 +311,15 @@ pub struct BatchesConfig {
     /// `files.gc_interval`. Its tokens stay counted against its project's quota.
     #[serde(default = "default_retention", deserialize_with = "duration::deserialize")]
     pub retention: Duration,
-    /// How many shards run at once, over all batches: in `serve` (oldest batch first;
-    /// default: the number of cores), and on Kubernetes, worker Jobs over the whole
-    /// installation (default: [`KUBERNETES_RUNNING_SHARDS`]).
+    /// How many shards run at once, over all batches: in `serve` (default: the number
+    /// of cores), and on Kubernetes, worker Jobs over the whole installation (default:
+    /// [`KUBERNETES_RUNNING_SHARDS`]).
     #[serde(default)]
     pub max_running_shards: Option<usize>,
+    /// How those shards are shared between batches: `fair` (projects by weight, earliest
+    /// deadline first within one) or `fifo` (oldest batch first).
+    #[serde(default)]
+    pub scheduling: Scheduling,
     /// How often `serve` reconciles unfinished batches (live counts, expiry).
     #[serde(default = "default_reconcile_interval", deserialize_with = "duration::deserialize_precise")]
     pub reconcile_interval: Duration,
@@ -353,6 +374,7 @@ impl Default for BatchesConfig {
             cancel_grace: default_cancel_grace(),
             reconcile_interval: default_reconcile_interval(),
             max_running_shards: None,
+            scheduling: Scheduling::default(),
             max_shard_retries: default_max_shard_retries(),
             retention: default_retention(),
             endpoints: default_endpoints(),
@@ -453,6 +475,9 @@ impl Config {
             }
             if project.api_keys.is_empty() {
                 return invalid(format!("project {} has no api_keys", project.id));
+            }
+            if !(1..=1000).contains(&project.weight) {
+                return invalid(format!("project {}: weight must be between 1 and 1000", project.id));
             }
             for key in &project.api_keys {
                 match (&key.plain, &key.sha256) {

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 
+use crate::batches::eta;
 use crate::batches::{Batch, BatchState, Ending, ReservedFiles, Status};
 use crate::clock;
 use crate::exec::checkpoint::ShardLedger;
@@ -35,8 +36,8 @@ pub trait Runtime: Send + Sync {
 
     /// The workers of `batch` that the runtime knows of, by shard.
     async fn workers(&self, batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, Self::Error>;
-    /// How many more workers may start now, over every batch (`None`: no bound).
-    fn free_slots(&self) -> Option<usize>;
+    /// How many more workers of `batch` may start now (`None`: no bound).
+    fn free_slots(&self, batch: &Batch) -> Option<usize>;
     /// Starts a worker for `shard`.
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), Self::Error>;
     /// Tells the worker of `shard` to stop dispatching (it commits what it has, then exits).
@@ -68,6 +69,10 @@ pub enum News {
     ShardGaveUp {
         shard: u32,
         failures: u32,
+    },
+    /// At its pace so far, the batch would end after its window (at `eta`).
+    WillMissWindow {
+        eta: crate::clock::UnixSeconds,
     },
     /// Workers were told to stop.
     Stopping,
@@ -104,13 +109,17 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
     let decision = decide(&batch, &progress(&batch, &ledgers), &running, clock::now());
     exec.quota.observe(&batch.spec.project_id, &batch.spec.id, decision.state.usage.total_tokens);
     let from = batch.state.status;
+    let late = eta::newly_late(&batch.state, &decision.state, batch.spec.expires_at);
     let Some(batch) = save_if_changed(runtime, batch, decision.state).await? else { return Ok(Next::Now) };
     if batch.state.status != from {
         runtime.tell(&batch, News::StatusChanged { from, to: batch.state.status }).await;
     }
+    if let Some(eta) = batch.state.estimated_completion_at.filter(|_| late) {
+        runtime.tell(&batch, News::WillMissWindow { eta }).await;
+    }
 
     // Act.
-    let work = plan::plan(&decision.action, &workers, runtime.free_slots());
+    let work = plan::plan(&decision.action, &workers, runtime.free_slots(&batch));
     let batch = match retire_failed(runtime, exec, batch, &work.retire).await? {
         Some(batch) => batch,
         None => return Ok(Next::Now),

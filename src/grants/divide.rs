@@ -1,7 +1,8 @@
 //! How an upstream's limit is divided among workers. Pure.
 //!
-//! Every worker that wants an upstream (or has not said yet) is aimed at an equal share
-//! of its limit. A worker whose last grant is not acknowledged yet is left as it is; the
+//! Every worker that wants an upstream (or has not said yet) is aimed at its share of
+//! its limit: projects by weight, a project's part equally among its workers
+//! ([`shares`]). A worker whose last grant is not acknowledged yet is left as it is; the
 //! others shrink to their share at once (a shrink never adds to what is held) and grow
 //! toward it from what nobody holds. A worker holds the larger of its grant and its
 //! acknowledgment, and the sum of what workers hold never exceeds the limit.
@@ -9,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{Ack, Grant};
+use crate::schedule::shares;
 
 /// One worker as the controller sees it: what it was last granted and what it last
 /// acknowledged (`None`: it has not answered yet).
@@ -48,18 +50,26 @@ impl Seen {
     }
 }
 
-/// The next grant of every worker (`workers` by name), given each upstream's limit.
-pub fn divide(limits: &BTreeMap<String, u32>, workers: &BTreeMap<String, Seen>) -> BTreeMap<String, Grant> {
+/// The next grant of every worker (`workers` by name), given each upstream's limit and
+/// each worker's project and its weight (`projects`; a worker missing there is a project
+/// of weight 1 of its own).
+pub fn divide(
+    limits: &BTreeMap<String, u32>,
+    workers: &BTreeMap<String, Seen>,
+    projects: &BTreeMap<String, (String, u32)>,
+) -> BTreeMap<String, Grant> {
     let mut next: BTreeMap<String, Grant> =
         workers.iter().map(|(name, seen)| (name.clone(), seen.granted.clone())).collect();
     for (upstream, &limit) in limits {
         let wanting: Vec<&String> =
             workers.iter().filter(|(_, seen)| seen.wants(upstream)).map(|(name, _)| name).collect();
-        let target = |name: &String| -> u32 {
-            let Some(position) = wanting.iter().position(|w| *w == name) else { return 0 };
-            let count = wanting.len() as u32;
-            limit / count + u32::from((position as u32) < limit % count)
-        };
+        let members: Vec<(&str, u32)> = wanting
+            .iter()
+            .map(|name| projects.get(*name).map_or((name.as_str(), 1), |(project, weight)| (project.as_str(), *weight)))
+            .collect();
+        let targets = shares(limit, &members);
+        let target =
+            |name: &String| -> u32 { wanting.iter().position(|w| *w == name).map_or(0, |position| targets[position]) };
         // Shrinks first: they free capacity without taking any.
         for (name, seen) in workers {
             if seen.settled() && target(name) < seen.granted(upstream) {
@@ -128,7 +138,7 @@ mod tests {
         wants: &[&str],
     ) -> BTreeMap<String, Grant> {
         for _ in 0..10 {
-            let next = divide(limits, &workers);
+            let next = divide(limits, &workers, &BTreeMap::new());
             held(limits, &workers, &next);
             for (name, seen) in workers.iter_mut() {
                 seen.granted = next[name].clone();
@@ -175,7 +185,7 @@ mod tests {
             Seen { granted: grant(&[("vllm", 8)]), acked: Some(ack(&[("vllm", 8)], &["vllm"])) },
         );
         workers.insert("b".to_owned(), Seen::default());
-        let next = divide(&limits, &workers);
+        let next = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!(next["a"], grant(&[("vllm", 4)]), "a shrinks");
         assert_eq!(
             next["b"].upstreams.get("vllm").copied().unwrap_or(0),
@@ -184,12 +194,12 @@ mod tests {
         );
         // a has not acknowledged yet: nothing moves.
         workers.get_mut("a").unwrap().granted = next["a"].clone();
-        let again = divide(&limits, &workers);
+        let again = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!(again["a"], grant(&[("vllm", 4)]));
         assert_eq!(again["b"].upstreams.get("vllm").copied().unwrap_or(0), 0);
         // a acknowledges: b gets the rest.
         workers.get_mut("a").unwrap().acked = Some(ack(&[("vllm", 4)], &["vllm"]));
-        let after = divide(&limits, &workers);
+        let after = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!(after["b"], grant(&[("vllm", 4)]));
     }
 
@@ -198,7 +208,7 @@ mod tests {
         let limits = limits(&[("vllm", 8)]);
         let mut workers = fresh(&["a"]);
         workers.get_mut("a").unwrap().granted = grant(&[("vllm", 3)]);
-        let next = divide(&limits, &workers);
+        let next = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!(next["a"], grant(&[("vllm", 3)]), "a grows only once it has applied 3");
     }
 
@@ -208,7 +218,7 @@ mod tests {
         let mut workers = BTreeMap::new();
         workers.insert("x".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["a-model"])) });
         workers.insert("y".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["b-model"])) });
-        let next = divide(&limits, &workers);
+        let next = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!(next["x"], grant(&[("a-model", 10)]));
         assert_eq!(next["y"], grant(&[("b-model", 10)]));
     }
@@ -219,7 +229,7 @@ mod tests {
         let settled = |n: u32| Seen { granted: grant(&[("vllm", n)]), acked: Some(ack(&[("vllm", n)], &["vllm"])) };
         // c finished and is gone.
         let workers: BTreeMap<String, Seen> = [("a".to_owned(), settled(3)), ("b".to_owned(), settled(3))].into();
-        let next = divide(&limits, &workers);
+        let next = divide(&limits, &workers, &BTreeMap::new());
         assert_eq!((next["a"].upstreams["vllm"], next["b"].upstreams["vllm"]), (5, 4));
     }
 
@@ -236,7 +246,7 @@ mod tests {
             "b".to_owned(),
             Seen { granted: grant(&[("vllm", 2)]), acked: Some(ack(&[("vllm", 2)], &["vllm"])) },
         );
-        let next = divide(&limits, &workers);
+        let next = divide(&limits, &workers, &BTreeMap::new());
         held(&limits, &workers, &next);
         assert_eq!(next["b"], grant(&[("vllm", 2)]), "nothing is free while a holds 6");
     }

@@ -84,6 +84,7 @@ pub fn kubernetes_status(state: &BatchState, previous: Option<&BatchState>, gene
     BatchState {
         conditions: conditions(state, previous, generation, crate::clock::now()),
         progress: progress(state),
+        eta: state.estimated_completion_at.map(rfc3339).unwrap_or_default(),
         ..state.clone()
     }
 }
@@ -101,7 +102,7 @@ fn pascal(snake: &str) -> String {
     snake.split('_').map(|word| word[..1].to_ascii_uppercase() + &word[1..]).collect()
 }
 
-fn rfc3339(at: UnixSeconds) -> String {
+pub fn rfc3339(at: UnixSeconds) -> String {
     k8s_openapi::jiff::Timestamp::from_second(at).map(|t| t.to_string()).unwrap_or_default()
 }
 

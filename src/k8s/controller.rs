@@ -374,7 +374,7 @@ impl Runtime for KubeRuntime<'_> {
         Ok(job_workers(&self.jobs, &batch.state.shard_failures))
     }
 
-    fn free_slots(&self) -> Option<usize> {
+    fn free_slots(&self, _batch: &Batch) -> Option<usize> {
         Some(self.ctx.max_running_shards.saturating_sub(self.ctx.running_jobs()))
     }
 
@@ -440,6 +440,15 @@ impl Runtime for KubeRuntime<'_> {
                 "ShardFailed",
                 format!(
                     "the Job of shard {shard} failed {failures} times; its remaining lines failed with internal_error"
+                ),
+            ),
+            News::WillMissWindow { eta } => (
+                true,
+                "WillMissWindow",
+                format!(
+                    "at its pace so far the batch ends at {}, after its window closes at {}: its last lines would expire",
+                    crate::k8s::conditions::rfc3339(eta),
+                    crate::k8s::conditions::rfc3339(batch.spec.expires_at)
                 ),
             ),
             News::Stopping => (false, "Stopping", "stopping the batch's workers".to_owned()),

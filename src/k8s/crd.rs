@@ -36,6 +36,7 @@ pub const BATCH_LABEL: &str = "nightshift.dev/batch";
     printcolumn = r#"{"name":"Completed","type":"integer","jsonPath":".status.request_counts.completed"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.request_counts.failed"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.request_counts.total"}"#,
+    printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.eta"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct BatchResourceSpec {
@@ -74,6 +75,11 @@ pub struct ProjectSpec {
     /// Where the project's batch events are delivered (by the controller).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub webhooks: Vec<WebhookRef>,
+    /// Its share of an upstream's capacity when several projects' batches run (1 to
+    /// 1000; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: Option<u32>,
 }
 
 /// A webhook endpoint and the key of a Secret (in the Project's namespace) that holds its
@@ -175,7 +181,7 @@ mod tests {
         assert!(version.subresources.as_ref().unwrap().status.is_some());
         let columns: Vec<_> =
             version.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(columns, ["Status", "Progress", "Completed", "Failed", "Total", "Age"]);
+        assert_eq!(columns, ["Status", "Progress", "Completed", "Failed", "Total", "ETA", "Age"]);
         assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["nsb".to_owned()][..]));
         let schema = serde_json::to_value(&version.schema).unwrap();
         let metadata = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["metadata"];

@@ -14,6 +14,8 @@ use kube::runtime::reflector::Store;
 use super::controller::Context;
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use super::jobs::{job_phase, job_shard};
+use crate::concurrency::Counts;
+use crate::concurrency::governor::{Governor, Look};
 use crate::drive::WorkerPhase;
 use crate::exec::ExecError;
 use crate::grants::divide::{Seen, divide};
@@ -33,18 +35,29 @@ pub fn is_running_worker(job: &Job) -> bool {
     labelled && !suspended && job.metadata.deletion_timestamp.is_none() && job_phase(job) == WorkerPhase::Running
 }
 
+/// An upstream as the controller divides it: `max_concurrency`, and whether the limit
+/// under it adapts (`crate::concurrency`).
+pub struct UpstreamLimit {
+    pub name: String,
+    pub ceiling: u32,
+    pub adaptive: bool,
+}
+
 /// Divides the upstreams' limits and the projects' quotas among the running workers,
-/// for as long as this controller leads.
-pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, limits: BTreeMap<String, u32>) {
+/// for as long as this controller leads. An adaptive upstream's limit is found over the
+/// whole installation, from what every worker reports in its acknowledgment.
+pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, upstreams: Vec<UpstreamLimit>) {
     let store = ctx.exec.store.clone();
     let mut workers = Workers { seen: recall(store.as_ref()).await, leaving: BTreeMap::new() };
     let mut final_usage = HashMap::new();
+    let mut adapting = Adapting::default();
     loop {
         tokio::time::sleep(EVERY).await;
         let jobs = ctx.jobs.state();
         let running: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
         workers.observe(store.as_ref(), &jobs, &running).await;
-        let mut next = divide(&limits, &workers.seen);
+        let limits = adapting.limits(&upstreams, &workers.seen);
+        let mut next = divide(&limits, &workers.seen, &worker_projects(&ctx, &running));
         match share_quotas(&ctx, &batches, &running, &workers.seen, &mut final_usage).await {
             Ok(tokens) => {
                 for (name, grant) in tokens {
@@ -56,6 +69,70 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, lim
             Err(error) => tracing::warn!(%error, "could not share the projects' quotas this time"),
         }
         workers.grant(store.as_ref(), &running, next).await;
+    }
+}
+
+/// Each running worker's project and that project's weight.
+fn worker_projects(ctx: &Context, running: &[Arc<Job>]) -> BTreeMap<String, (String, u32)> {
+    let weights: HashMap<String, u32> = ctx
+        .projects
+        .state()
+        .iter()
+        .map(|project| (project.spec.id.to_string(), project.spec.weight.unwrap_or(1).clamp(1, 1000)))
+        .collect();
+    running
+        .iter()
+        .map(|job| {
+            let project = job.labels().get(PROJECT_LABEL).cloned().unwrap_or_default();
+            let weight = weights.get(&project).copied().unwrap_or(1);
+            (job.name_any(), (project, weight))
+        })
+        .collect()
+}
+
+/// The installation-wide adaptive limits: a governor per upstream, fed with the sum of
+/// what the workers report.
+#[derive(Default)]
+struct Adapting {
+    governors: BTreeMap<String, Governor>,
+    /// Each upstream's finished requests over all workers, as the governor counts them.
+    totals: BTreeMap<String, Counts>,
+    /// Each worker's last report per upstream, with its run (a new run counts from 0).
+    last: BTreeMap<(String, String), (String, Counts)>,
+}
+
+impl Adapting {
+    fn limits(&mut self, upstreams: &[UpstreamLimit], seen: &BTreeMap<String, Seen>) -> BTreeMap<String, u32> {
+        let now = std::time::Instant::now();
+        self.last.retain(|(worker, _), _| seen.contains_key(worker));
+        let mut limits = BTreeMap::new();
+        for upstream in upstreams {
+            if !upstream.adaptive {
+                limits.insert(upstream.name.clone(), upstream.ceiling);
+                continue;
+            }
+            let (mut in_flight, mut busy) = (0, false);
+            let total = self.totals.entry(upstream.name.clone()).or_default();
+            for (worker, seen) in seen {
+                let Some(ack) = &seen.acked else { continue };
+                let Some(observation) = ack.observed.get(&upstream.name) else { continue };
+                let key = (worker.clone(), upstream.name.clone());
+                let new = match self.last.get(&key) {
+                    Some((run, counts)) if *run == ack.run => observation.counts.since(counts),
+                    _ => observation.counts,
+                };
+                total.add(&new);
+                self.last.insert(key, (ack.run.clone(), observation.counts));
+                in_flight += observation.in_flight;
+                busy |= observation.busy;
+            }
+            let governor =
+                self.governors.entry(upstream.name.clone()).or_insert_with(|| Governor::new(upstream.ceiling));
+            let limit = governor.look(Look { now, counts: *total, in_flight, busy, ceiling: upstream.ceiling });
+            crate::metrics::METRICS.concurrency_limit_of(&upstream.name).set(i64::from(limit));
+            limits.insert(upstream.name.clone(), limit);
+        }
+        limits
     }
 }
 

@@ -55,6 +55,7 @@ pub fn project_configs(projects: &[Arc<ProjectResource>], secrets: &[Arc<Secret>
                         Some(WebhookConfig { url: webhook.url.clone(), secret })
                     })
                     .collect(),
+                weight: project.spec.weight.unwrap_or(1).clamp(1, 1000),
             }
         })
         .collect()

@@ -16,7 +16,7 @@ use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::controller::{self, Context, check_crds, reporter};
-use crate::k8s::grants::divide_limits;
+use crate::k8s::grants::{UpstreamLimit, divide_limits};
 use crate::k8s::leader::{LeaderElection, Timing};
 use crate::k8s::usage::sync_project_usage;
 use crate::quota::QuotaLedger;
@@ -103,7 +103,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         starting: Default::default(),
         recorded: Default::default(),
     });
-    let limits = config.upstreams.iter().map(|u| (u.name.clone(), u.max_concurrency as u32)).collect();
+    let limits = config
+        .upstreams
+        .iter()
+        .map(|u| UpstreamLimit { name: u.name.clone(), ceiling: u.max_concurrency as u32, adaptive: u.adaptive })
+        .collect();
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),

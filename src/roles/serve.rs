@@ -41,12 +41,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let exec = exec.clone();
         async move { exec.upstreams.control(&exec.client, Mode::Local).await }
     });
-    let runner = Arc::new(Runner::new(
-        batches.clone(),
-        exec,
-        config.batches.reconcile_interval,
-        config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards),
-    ));
+    let runner = Arc::new(
+        Runner::new(
+            batches.clone(),
+            exec,
+            config.batches.reconcile_interval,
+            config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards),
+        )
+        .scheduled(config.batches.scheduling, project_configs.iter().map(|p| (p.id.clone(), p.weight)).collect()),
+    );
     let state = AppState {
         projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),

@@ -101,7 +101,8 @@ impl Interactive {
                     let (client, url, latencies) = (client.clone(), url.clone(), latencies.clone());
                     requests.spawn(async move {
                         let sent = Instant::now();
-                        let answer = client.post(&url).header("content-type", "application/json").body(body).send().await;
+                        let answer =
+                            client.post(&url).header("content-type", "application/json").body(body).send().await;
                         let ok = matches!(&answer, Ok(response) if response.status().is_success());
                         let ok = ok && answer.unwrap().bytes().await.is_ok();
                         let mut latencies = latencies.lock().unwrap();

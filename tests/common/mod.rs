@@ -169,6 +169,7 @@ pub fn projects() -> Projects {
         quota: None,
         rate_limit: None,
         webhooks: Vec::new(),
+        weight: 1,
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
 }

@@ -1,0 +1,352 @@
+//! The night shift (`just bench`): batches on a model server that also serves users,
+//! measured on the model-server simulator (`tests/common/simulator.rs`: continuous
+//! batching of 32 sequences, steps of 5 ms growing 0.04 ms per sequence, a 24,000-token
+//! KV cache; no GPU here) with `nightshift serve` (release build) in front of it.
+//!
+//! Sections (all by default; name some to run only those):
+//! - `sweep`: batch throughput with no other traffic, at fixed concurrencies 4 to 64 and
+//!   untuned (adaptive, ceiling 1024, nothing else set); the untuned run against the
+//!   best fixed one.
+//! - `interactive`: users' requests (Poisson, 20/s, 64 output tokens each) with no batch,
+//!   with a batch at a fixed concurrency of 64, and with Nightshift's defaults plus the
+//!   server's load signal; their p50/p99 latency, and the share of the capacity they
+//!   leave idle that the batch used.
+//! - `fair`: one project's 6,000-line batch, then another's 100-line batch: the small
+//!   one's completion time, first-come-first-served and with fair share.
+//! - `simulator`: no benchmark; runs a simulator on `SIM_LISTEN` (default
+//!   127.0.0.1:8011) until stopped, to drive by hand (`SIM_MAX_BATCH`, `SIM_KV`,
+//!   `SIM_STEP_US`, `SIM_PER_SEQ_US`, `SIM_PRIORITY=1`).
+//!
+//! Knobs: `BENCH_WARM_SECS` (before measuring, default 15), `BENCH_MEASURE_SECS`
+//! (default 20).
+
+#[allow(dead_code)]
+#[path = "../tests/common/interactive.rs"]
+mod interactive;
+#[allow(dead_code)]
+#[path = "../tests/common/simulator.rs"]
+mod simulator;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use interactive::{Interactive, Latencies, Pattern};
+use serde_json::Value;
+use simulator::{SimConfig, Simulator};
+
+const BIG: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
+const SMALL: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
+/// Each project's API key.
+fn key(project: &str) -> &'static str {
+    if project == BIG { "big-key" } else { "small-key" }
+}
+/// The `priority` batch lines carry, so that the simulator counts them apart (it
+/// schedules first-come-first-served unless told otherwise).
+const BATCH_PRIORITY: i64 = 1;
+const INTERACTIVE_RATE: f64 = 20.0;
+const INTERACTIVE_TOKENS: u32 = 64;
+
+fn secs(name: &str, default: u64) -> Duration {
+    Duration::from_secs(std::env::var(name).ok().map_or(default, |v| v.parse().unwrap()))
+}
+
+struct Serve {
+    child: Child,
+    url: String,
+    _work: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    /// `nightshift serve` with two projects and `rest` (YAML: `upstreams:`, `batches:`).
+    fn start(rest: &str) -> Self {
+        let work = tempfile::TempDir::new().unwrap();
+        let config = work.path().join("nightshift.yaml");
+        let projects = format!(
+            "projects:\n  - id: {BIG}\n    api_keys: [{{plain: {}}}]\n  - id: {SMALL}\n    api_keys: [{{plain: {}}}]\n",
+            key(BIG),
+            key(SMALL)
+        );
+        std::fs::write(&config, format!("{projects}{rest}")).unwrap();
+        let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+        let mut child = Command::new(&nightshift)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+            .arg(work.path().join("data"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("serve printed its address").unwrap();
+            if let Some(address) = line.strip_prefix("Nightshift listening on ") {
+                break address.trim().to_owned();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, url, _work: work }
+    }
+
+    fn auth(&self, request: reqwest::RequestBuilder, project: &str) -> reqwest::RequestBuilder {
+        request.header("x-project-id", project).header("x-api-key", key(project))
+    }
+
+    /// Uploads `lines` batch lines and creates their batch; returns its id.
+    async fn submit(&self, project: &str, lines: usize) -> String {
+        let client = reqwest::Client::new();
+        let input: String = (0..lines)
+            .map(|n| {
+                let max_tokens = 16 + (n * 7919) % 33; // 16 to 48, 32 on average
+                let body = format!(
+                    r#"{{"model":"sim","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"Summarise document {n} of the archive in a few sentences, keeping names and dates."}}]}}"#
+                );
+                format!("{{\"custom_id\":\"r{n}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{body}}}\n")
+            })
+            .collect();
+        let form = reqwest::multipart::Form::new()
+            .text("purpose", "batch")
+            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
+        let file: Value = self
+            .auth(client.post(format!("{}/v1/files", self.url)), project)
+            .multipart(form)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let batch: Value = self
+            .auth(client.post(format!("{}/v1/batches", self.url)), project)
+            .json(&create)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        batch["id"].as_str().unwrap_or_else(|| panic!("{batch}")).to_owned()
+    }
+
+    async fn batch(&self, project: &str, id: &str) -> Value {
+        let client = reqwest::Client::new();
+        let request = self.auth(client.get(format!("{}/v1/batches/{id}", self.url)), project);
+        request.send().await.unwrap().json().await.unwrap()
+    }
+
+    /// A gauge of serve's `/metrics`.
+    async fn gauge(&self, name: &str) -> Option<f64> {
+        let text = reqwest::get(format!("{}/metrics", self.url)).await.ok()?.text().await.ok()?;
+        text.lines().find(|l| l.starts_with(name))?.rsplit(' ').next()?.parse().ok()
+    }
+}
+
+fn upstream(sim: &Simulator, extra: &str) -> String {
+    format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: {BATCH_PRIORITY}\n{extra}batches:\n  reconcile_interval: 100ms\n",
+        sim.url
+    )
+}
+
+fn batch_tokens(sim: &Simulator) -> u64 {
+    sim.stats().tokens.get(&BATCH_PRIORITY).copied().unwrap_or(0)
+}
+
+/// Batch output tokens per second over the measuring time, after the warm-up.
+async fn batch_rate(sim: &Simulator) -> f64 {
+    tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
+    let (before, started) = (batch_tokens(sim), Instant::now());
+    tokio::time::sleep(secs("BENCH_MEASURE_SECS", 20)).await;
+    (batch_tokens(sim) - before) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn sweep() {
+    println!(
+        "\n## Batch throughput, no other traffic (simulator capacity {:.0} tokens/s)",
+        SimConfig::default().capacity_tokens_per_sec()
+    );
+    println!("| concurrency | batch tokens/s | share of capacity | limit at the end |");
+    println!("| --- | --- | --- | --- |");
+    let mut fixed = Vec::new();
+    for setting in [Some(4), Some(8), Some(16), Some(24), Some(32), Some(40), Some(48), Some(64), None] {
+        let sim = Simulator::start(SimConfig::default()).await;
+        let extra = match setting {
+            Some(n) => format!("    max_concurrency: {n}\n    adaptive: false\n"),
+            None => "    max_concurrency: 1024\n".to_owned(),
+        };
+        let serve = Serve::start(&upstream(&sim, &extra));
+        serve.submit(BIG, 10_000).await;
+        let rate = batch_rate(&sim).await;
+        let limit = serve.gauge("nightshift_upstream_concurrency_limit").await.unwrap_or(f64::NAN);
+        let share = rate / sim.config().capacity_tokens_per_sec();
+        match setting {
+            Some(n) => {
+                println!("| fixed {n} | {rate:.0} | {share:.2} | {limit} |");
+                fixed.push((n, rate));
+            }
+            None => {
+                let (best_n, best) = fixed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+                let of = |n: u32| fixed.iter().find(|(m, _)| *m == n).map_or(f64::NAN, |(_, r)| rate / r);
+                println!("| untuned (ceiling 1024) | {rate:.0} | {share:.2} | {limit} |");
+                println!(
+                    "\nuntuned / best fixed ({best_n}): {:.3}; / fixed 64: {:.3}; / fixed 4: {:.3}",
+                    rate / best,
+                    of(64),
+                    of(4)
+                );
+            }
+        }
+    }
+}
+
+/// Interactive latencies and batch throughput with a batch configured by `extra`
+/// (`None`: no batch).
+async fn with_users(extra: Option<&str>, pattern: Pattern) -> (Latencies, f64, f64) {
+    let sim = Simulator::start(SimConfig::default()).await;
+    let serve = match extra {
+        Some(extra) => {
+            let extra = extra.replace("{metrics}", &sim.metrics_url());
+            let serve = Serve::start(&upstream(&sim, &extra));
+            serve.submit(BIG, 20_000).await;
+            tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
+            Some(serve)
+        }
+        None => None,
+    };
+    let before = batch_tokens(&sim);
+    let users = Interactive::start(&sim.url, pattern, INTERACTIVE_TOKENS);
+    tokio::time::sleep(secs("BENCH_MEASURE_SECS", 20)).await;
+    let (_, elapsed) = users.so_far();
+    let batch = (batch_tokens(&sim) - before) as f64 / elapsed.as_secs_f64();
+    let latencies = users.stop().await;
+    let interactive = latencies.tokens as f64 / elapsed.as_secs_f64();
+    drop(serve);
+    (latencies, batch, interactive)
+}
+
+async fn users() {
+    let capacity = SimConfig::default().capacity_tokens_per_sec();
+    println!(
+        "\n## Interactive traffic ({INTERACTIVE_RATE}/s, {INTERACTIVE_TOKENS} output tokens each) beside a batch; capacity {capacity:.0} tokens/s"
+    );
+    println!("| batch | users' p50 | users' p99 | p99 / no batch | batch tokens/s | share of idle capacity used |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let steady = Pattern::Steady { per_sec: INTERACTIVE_RATE };
+    let gated = "    max_concurrency: 1024\n    load_signal:\n      url: {metrics}\n";
+    let runs: [(&str, Option<&str>, Pattern); 5] = [
+        ("none", None, steady),
+        ("fixed 64", Some("    max_concurrency: 64\n    adaptive: false\n"), steady),
+        ("fixed 16", Some("    max_concurrency: 16\n    adaptive: false\n"), steady),
+        ("untuned, no load signal", Some("    max_concurrency: 1024\n"), steady),
+        ("untuned + load signal", Some(gated), steady),
+    ];
+    let mut alone = f64::NAN;
+    for (name, extra, pattern) in runs {
+        let (latencies, batch, interactive) = with_users(extra, pattern).await;
+        let (p50, p99) = (latencies.percentile(50.0), latencies.percentile(99.0));
+        if extra.is_none() {
+            alone = p99;
+        }
+        let idle = capacity - interactive;
+        println!(
+            "| {name} | {:.0} ms | {:.0} ms | {:.2} | {batch:.0} | {:.2} |",
+            p50 * 1000.0,
+            p99 * 1000.0,
+            p99 / alone,
+            batch / idle
+        );
+        if latencies.failed > 0 {
+            println!("  ({} interactive requests failed)", latencies.failed);
+        }
+    }
+    let bursty = Pattern::Bursty { per_sec: INTERACTIVE_RATE, factor: 3.0, burst: 2.0, every: 10.0 };
+    let (alone, _, _) = with_users(None, bursty).await;
+    let (latencies, batch, interactive) = with_users(Some(gated), bursty).await;
+    println!(
+        "| bursty users (3× for 2 s in 10): none / gated | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2} | {batch:.0} | {:.2} |",
+        alone.percentile(50.0) * 1000.0,
+        latencies.percentile(50.0) * 1000.0,
+        alone.percentile(99.0) * 1000.0,
+        latencies.percentile(99.0) * 1000.0,
+        latencies.percentile(99.0) / alone.percentile(99.0),
+        batch / (capacity - interactive)
+    );
+}
+
+async fn fair() {
+    println!("\n## Two projects: a 6,000-line batch, then a 100-line one 2 s later");
+    println!("| scheduling | small batch done after | big batch done after |");
+    println!("| --- | --- | --- |");
+    for scheduling in ["fifo", "fair"] {
+        let sim = Simulator::start(SimConfig::default()).await;
+        let config = upstream(&sim, "")
+            .replace("batches:\n", &format!("batches:\n  scheduling: {scheduling}\n  shard_lines: 1000\n"));
+        let serve = Serve::start(&config);
+        let started = Instant::now();
+        let big = serve.submit(BIG, 6_000).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let small_started = Instant::now();
+        let small = serve.submit(SMALL, 100).await;
+        let (mut small_done, mut big_done) = (None, None);
+        while small_done.is_none() || big_done.is_none() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if small_done.is_none() && serve.batch(SMALL, &small).await["status"] == "completed" {
+                small_done = Some(small_started.elapsed());
+            }
+            if big_done.is_none() && serve.batch(BIG, &big).await["status"] == "completed" {
+                big_done = Some(started.elapsed());
+            }
+        }
+        println!(
+            "| {scheduling} | {:.1} s | {:.1} s |",
+            small_done.unwrap().as_secs_f64(),
+            big_done.unwrap().as_secs_f64()
+        );
+    }
+}
+
+async fn simulator_alone() {
+    let env = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap());
+    let defaults = SimConfig::default();
+    let config = SimConfig {
+        max_batch: env("SIM_MAX_BATCH").map_or(defaults.max_batch, |n| n as usize),
+        kv_capacity: env("SIM_KV").unwrap_or(defaults.kv_capacity),
+        step_base: env("SIM_STEP_US").map_or(defaults.step_base, Duration::from_micros),
+        step_per_seq: env("SIM_PER_SEQ_US").map_or(defaults.step_per_seq, Duration::from_micros),
+        priority_scheduling: env("SIM_PRIORITY") == Some(1),
+        ..defaults
+    };
+    let listen = std::env::var("SIM_LISTEN").unwrap_or_else(|_| "127.0.0.1:8011".into());
+    let sim = Simulator::start_on(&listen, config.clone()).await;
+    println!("{config:?}\nserving {} (metrics: {})", sim.url, sim.metrics_url());
+    std::future::pending::<()>().await;
+}
+
+fn main() {
+    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+    let sections: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        if sections.iter().any(|s| s == "simulator") {
+            return simulator_alone().await;
+        }
+        assert!(std::path::Path::new(&nightshift).exists(), "build the release binary first: cargo build --release");
+        if wanted("sweep") {
+            sweep().await;
+        }
+        if wanted("interactive") {
+            users().await;
+        }
+        if wanted("fair") {
+            fair().await;
+        }
+    });
+}
