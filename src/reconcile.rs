@@ -61,7 +61,6 @@ pub fn decide(batch: &Batch, shards: &[ShardProgress], running: &BTreeSet<u32>, 
         sum
     });
     let all_recorded = shards.iter().all(ShardProgress::is_complete);
-    state.estimated_completion_at = crate::batches::eta::estimate(&batch.state, &state, now);
 
     let action = match state.status {
         Status::Finalizing => Action::Finalize(Ending::Completed),
@@ -93,6 +92,11 @@ pub fn decide(batch: &Batch, shards: &[ShardProgress], running: &BTreeSet<u32>, 
             }
         }
         _ => Action::Wait,
+    };
+    // Only a batch that runs to the end of its lines has one (not one winding down).
+    state.estimated_completion_at = match state.ending {
+        None => crate::batches::eta::estimate(&batch.state, &state, now),
+        Some(_) => None,
     };
     Decision { state, action }
 }

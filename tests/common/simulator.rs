@@ -87,6 +87,8 @@ pub struct SimStats {
     /// Requests preempted (their work thrown away).
     pub preempted: u64,
     pub steps: u64,
+    /// The most requests that waited in the queue at once.
+    pub peak_waiting: usize,
 }
 
 struct Sequence {
@@ -122,6 +124,7 @@ impl Engine {
             self.arrivals += 1;
             sequence.arrival = self.arrivals;
         }
+        self.stats.peak_waiting = self.stats.peak_waiting.max(self.waiting.len() + 1);
         if config.priority_scheduling {
             let key = (sequence.priority, sequence.arrival);
             let at = self.waiting.partition_point(|s| (s.priority, s.arrival) <= key);
