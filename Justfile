@@ -17,12 +17,13 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed, line throughput, noisy neighbours.
+# Benchmarks against the release binary: upload memory, validation speed, line throughput, noisy neighbours, the night shift.
 bench:
     cargo build --release
     python3 bench/run.py
     cargo bench --bench throughput
     cargo bench --bench neighbours
+    cargo bench --bench night_shift
 
 # The controller at scale on a real kube-apiserver (run `just test` once first: it installs the tools).
 bench-operator:

@@ -8,9 +8,10 @@
 //!   untuned (adaptive, ceiling 1024, nothing else set); the untuned run against the
 //!   best fixed one.
 //! - `interactive`: users' requests (Poisson, 20/s, 64 output tokens each) with no batch,
-//!   with a batch at a fixed concurrency of 64, and with Nightshift's defaults plus the
-//!   server's load signal; their p50/p99 latency, and the share of the capacity they
-//!   leave idle that the batch used.
+//!   with a batch at fixed concurrencies, untuned, and untuned with the server's load
+//!   signal; then the same with the server scheduling by priority (batch lines carry
+//!   `priority: 1`, users 0); bursty users last. Their p50/p99 latency, and the share of
+//!   the capacity they leave idle that the batch used.
 //! - `fair`: one project's 6,000-line batch, then another's 100-line batch: the small
 //!   one's completion time, first-come-first-served and with fair share.
 //! - `simulator`: no benchmark; runs a simulator on `SIM_LISTEN` (default
@@ -208,8 +209,8 @@ async fn sweep() {
 
 /// Interactive latencies and batch throughput with a batch configured by `extra`
 /// (`None`: no batch).
-async fn with_users(extra: Option<&str>, pattern: Pattern) -> (Latencies, f64, f64) {
-    let sim = Simulator::start(SimConfig::default()).await;
+async fn with_users(extra: Option<&str>, pattern: Pattern, priority_scheduling: bool) -> (Latencies, f64, f64) {
+    let sim = Simulator::start(SimConfig { priority_scheduling, ..SimConfig::default() }).await;
     let serve = match extra {
         Some(extra) => {
             let extra = extra.replace("{metrics}", &sim.metrics_url());
@@ -240,16 +241,18 @@ async fn users() {
     println!("| --- | --- | --- | --- | --- | --- |");
     let steady = Pattern::Steady { per_sec: INTERACTIVE_RATE };
     let gated = "    max_concurrency: 1024\n    load_signal:\n      url: {metrics}\n";
-    let runs: [(&str, Option<&str>, Pattern); 5] = [
-        ("none", None, steady),
-        ("fixed 64", Some("    max_concurrency: 64\n    adaptive: false\n"), steady),
-        ("fixed 16", Some("    max_concurrency: 16\n    adaptive: false\n"), steady),
-        ("untuned, no load signal", Some("    max_concurrency: 1024\n"), steady),
-        ("untuned + load signal", Some(gated), steady),
+    let runs: [(&str, Option<&str>, bool); 7] = [
+        ("none", None, false),
+        ("fixed 64", Some("    max_concurrency: 64\n    adaptive: false\n"), false),
+        ("fixed 16", Some("    max_concurrency: 16\n    adaptive: false\n"), false),
+        ("untuned, no load signal", Some("    max_concurrency: 1024\n"), false),
+        ("untuned + load signal", Some(gated), false),
+        ("fixed 64, server schedules by priority", Some("    max_concurrency: 64\n    adaptive: false\n"), true),
+        ("untuned + load signal, server schedules by priority", Some(gated), true),
     ];
     let mut alone = f64::NAN;
-    for (name, extra, pattern) in runs {
-        let (latencies, batch, interactive) = with_users(extra, pattern).await;
+    for (name, extra, priority_scheduling) in runs {
+        let (latencies, batch, interactive) = with_users(extra, steady, priority_scheduling).await;
         let (p50, p99) = (latencies.percentile(50.0), latencies.percentile(99.0));
         if extra.is_none() {
             alone = p99;
@@ -267,8 +270,8 @@ async fn users() {
         }
     }
     let bursty = Pattern::Bursty { per_sec: INTERACTIVE_RATE, factor: 3.0, burst: 2.0, every: 10.0 };
-    let (alone, _, _) = with_users(None, bursty).await;
-    let (latencies, batch, interactive) = with_users(Some(gated), bursty).await;
+    let (alone, _, _) = with_users(None, bursty, false).await;
+    let (latencies, batch, interactive) = with_users(Some(gated), bursty, false).await;
     println!(
         "| bursty users (3× for 2 s in 10): none / gated | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2} | {batch:.0} | {:.2} |",
         alone.percentile(50.0) * 1000.0,

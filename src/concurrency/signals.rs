@@ -117,9 +117,9 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
     let waiting = config
         .waiting_metrics()
         .into_iter()
-        .find_map(|name| sum(text, name))
+        .find_map(|name| fold(text, name, |a, b| a + b))
         .ok_or_else(|| format!("no {} in the metrics", config.waiting_metrics().join(" or ")))??;
-    let kv_cache_usage = match config.kv_cache_metrics().into_iter().find_map(|name| max(text, name)) {
+    let kv_cache_usage = match config.kv_cache_metrics().into_iter().find_map(|name| fold(text, name, f64::max)) {
         Some(usage) => Some(usage?),
         None => None,
     };
@@ -148,25 +148,15 @@ fn values<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Result<f64, 
     })
 }
 
-fn sum(text: &str, name: &str) -> Option<Result<f64, String>> {
-    let mut found = None;
+/// Every series of `name` folded with `combine` (`None`: no series; an error: a value
+/// that is not a number).
+fn fold(text: &str, name: &str, combine: fn(f64, f64) -> f64) -> Option<Result<f64, String>> {
+    let mut found: Option<Result<f64, String>> = None;
     for value in values(text, name) {
         found = Some(match (found, value) {
-            (_, Err(error)) | (Some(Err(error)), _) => Err(error),
+            (Some(Err(error)), _) | (_, Err(error)) => Err(error),
             (None, Ok(value)) => Ok(value),
-            (Some(Ok(total)), Ok(value)) => Ok(total + value),
-        });
-    }
-    found
-}
-
-fn max(text: &str, name: &str) -> Option<Result<f64, String>> {
-    let mut found = None;
-    for value in values(text, name) {
-        found = Some(match (found, value) {
-            (_, Err(error)) | (Some(Err(error)), _) => Err(error),
-            (None, Ok(value)) => Ok(value),
-            (Some(Ok(most)), Ok(value)) => Ok(f64::max(most, value)),
+            (Some(Ok(so_far)), Ok(value)) => Ok(combine(so_far, value)),
         });
     }
     found
