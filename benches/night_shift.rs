@@ -114,32 +114,16 @@ impl Serve {
         let form = reqwest::multipart::Form::new()
             .text("purpose", "batch")
             .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
-        let file: Value = self
-            .auth(client.post(format!("{}/v1/files", self.url)), project)
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let files = self.auth(client.post(format!("{}/v1/files", self.url)), project);
+        let file = answer(files.multipart(form)).await;
         let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
-        let batch: Value = self
-            .auth(client.post(format!("{}/v1/batches", self.url)), project)
-            .json(&create)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let batch = answer(self.auth(client.post(format!("{}/v1/batches", self.url)), project).json(&create)).await;
         batch["id"].as_str().unwrap_or_else(|| panic!("{batch}")).to_owned()
     }
 
     async fn batch(&self, project: &str, id: &str) -> Value {
         let client = reqwest::Client::new();
-        let request = self.auth(client.get(format!("{}/v1/batches/{id}", self.url)), project);
-        request.send().await.unwrap().json().await.unwrap()
+        answer(self.auth(client.get(format!("{}/v1/batches/{id}", self.url)), project)).await
     }
 
     /// A gauge of serve's `/metrics`.
@@ -147,6 +131,11 @@ impl Serve {
         let text = reqwest::get(format!("{}/metrics", self.url)).await.ok()?.text().await.ok()?;
         text.lines().find(|l| l.starts_with(name))?.rsplit(' ').next()?.parse().ok()
     }
+}
+
+/// The JSON answer to `request`.
+async fn answer(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
 }
 
 fn upstream(sim: &Simulator, extra: &str) -> String {
