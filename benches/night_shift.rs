@@ -19,7 +19,8 @@
 //!   `SIM_STEP_US`, `SIM_PER_SEQ_US`, `SIM_PRIORITY=1`).
 //!
 //! Knobs: `BENCH_WARM_SECS` (before measuring, default 15), `BENCH_MEASURE_SECS`
-//! (default 20).
+//! (default 20), `BENCH_ONLY` (`interactive`: only the runs whose name contains it, and
+//! the one without a batch).
 
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
@@ -239,8 +240,12 @@ async fn users() {
         ("fixed 64, server schedules by priority", Some("    max_concurrency: 64\n    adaptive: false\n"), true),
         ("untuned + load signal, server schedules by priority", Some(gated), true),
     ];
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let mut alone = f64::NAN;
     for (name, extra, priority_scheduling) in runs {
+        if extra.is_some() && !name.contains(&only) {
+            continue;
+        }
         let (latencies, batch, interactive) = with_users(extra, steady, priority_scheduling).await;
         let (p50, p99) = (latencies.percentile(50.0), latencies.percentile(99.0));
         if extra.is_none() {
@@ -257,6 +262,9 @@ async fn users() {
         if latencies.failed > 0 {
             println!("  ({} interactive requests failed)", latencies.failed);
         }
+    }
+    if !"bursty".contains(&only) {
+        return;
     }
     let bursty = Pattern::Bursty { per_sec: INTERACTIVE_RATE, factor: 3.0, burst: 2.0, every: 10.0 };
     let (alone, _, _) = with_users(None, bursty, false).await;

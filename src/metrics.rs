@@ -177,13 +177,13 @@ impl Metrics {
         let concurrency_limit = Family::<UpstreamLabel, Gauge>::default();
         registry.register(
             "upstream_concurrency_limit",
-            "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant)",
+            "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that",
             concurrency_limit.clone(),
         );
         let dispatch_held = Family::<UpstreamLabel, Gauge>::default();
         registry.register(
             "upstream_dispatch_held",
-            "1 while batch dispatch to an upstream holds because its load signal says interactive requests queue",
+            "1 while an upstream's load signal says requests queue at it: batch dispatch backs off",
             dispatch_held.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge>::default();

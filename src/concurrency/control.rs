@@ -1,12 +1,13 @@
 //! The loop that sets an upstream's permits in a process, every [`TICK`]: the ceiling
 //! (`max_concurrency` in `serve`, the controller's grant in a worker pod), the adaptive
 //! limit under it (found here in `serve`; on Kubernetes the grant already is the
-//! controller's share of it), and nothing at all while the load signal says interactive
-//! requests queue at the server.
+//! controller's share of it), and under that the load signal's cap, cut as soon as
+//! requests queue at the server ([`super::gate`]; each process gates its own lines).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
 use super::signals;
 use crate::exec::upstream::Upstream;
@@ -31,14 +32,13 @@ pub enum Mode {
 pub struct Control {
     /// The ceiling a worker pod's grant sets (`Mode::Granted`).
     pub grant: AtomicU32,
-    /// The load signal says interactive requests queue now.
-    pub busy: AtomicBool,
 }
 
 /// Runs forever (the caller drops it to stop).
 pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
     let limiter = &upstream.limiter;
     let mut governor = Governor::new(upstream.max_concurrency);
+    let mut gate = Gate::default();
     let mut next_read = tokio::time::Instant::now();
     let mut warned: Option<tokio::time::Instant> = None;
     let signal_failures = METRICS.load_signal_failures_of(&upstream.name);
@@ -50,12 +50,22 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
     let looping = async {
         loop {
             ticks.tick().await;
+            let limit = match mode {
+                Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
+                Mode::Local if upstream.adaptive => governor.look(Look {
+                    now: std::time::Instant::now(),
+                    counts: upstream.observed.counts(),
+                    in_flight: limiter.in_flight(),
+                    ceiling: upstream.max_concurrency,
+                }),
+                Mode::Local => upstream.max_concurrency,
+            };
             if let Some(signal) = &upstream.load_signal
                 && tokio::time::Instant::now() >= next_read
             {
                 next_read = tokio::time::Instant::now() + signal.every;
-                let busy = match signals::read(client, signal).await {
-                    Ok(reading) => reading.busy(signal),
+                let pressure = match signals::read(client, signal).await {
+                    Ok(reading) => reading.pressure(signal),
                     Err(error) => {
                         // Batches go on, governed by throughput alone.
                         signal_failures.inc();
@@ -63,26 +73,15 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                             warned = Some(tokio::time::Instant::now());
                             tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
                         }
-                        false
+                        Pressure::Clear
                     }
                 };
-                upstream.control.busy.store(busy, Ordering::Relaxed);
+                gate.read(std::time::Instant::now(), pressure, limiter.in_flight(), limit);
+                held_gauge.set(i64::from(pressure != Pressure::Clear));
             }
-            let busy = upstream.control.busy.load(Ordering::Relaxed);
-            let limit = match mode {
-                Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
-                Mode::Local if upstream.adaptive => governor.look(Look {
-                    now: std::time::Instant::now(),
-                    counts: upstream.observed.counts(),
-                    in_flight: limiter.in_flight(),
-                    busy,
-                    ceiling: upstream.max_concurrency,
-                }),
-                Mode::Local => upstream.max_concurrency,
-            };
-            limit_gauge.set(i64::from(limit));
-            held_gauge.set(i64::from(busy));
-            limiter.set_target(if busy { 0 } else { limit });
+            let target = gate.cap().map_or(limit, |cap| cap.min(limit));
+            limit_gauge.set(i64::from(target));
+            limiter.set_target(target);
         }
     };
     tokio::select! {

@@ -1,12 +1,12 @@
 //! The adaptive limit of one upstream over time: cuts windows of observations for the
-//! [`Rule`] and backs off at once on overload and on interactive queueing. Pure: the
+//! [`Rule`] and backs off at once on overload. Pure: the
 //! caller passes the time and what it observed, wherever that came from (this process's
 //! counters in `serve`, every worker pod's acknowledgments on Kubernetes).
 
 use std::time::{Duration, Instant};
 
 use super::Counts;
-use super::rule::{Backoff, Rule, Window};
+use super::rule::{Rule, Window};
 
 /// A window lasts at least this long…
 pub const MIN_WINDOW: Duration = Duration::from_secs(1);
@@ -24,8 +24,6 @@ pub struct Look {
     pub counts: Counts,
     /// Requests in flight now.
     pub in_flight: u32,
-    /// The load signal says interactive requests queue.
-    pub busy: bool,
     /// `max_concurrency`: the limit never goes past it.
     pub ceiling: u32,
 }
@@ -36,8 +34,6 @@ struct Open {
     at_start: Counts,
     in_flight_sum: f64,
     samples: u32,
-    /// The window saw something that makes it worthless (a back-off, the load signal).
-    spoiled: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -46,33 +42,25 @@ pub struct Governor {
     window: Option<Open>,
     last_backoff: Option<Instant>,
     last_counts: Option<Counts>,
-    was_busy: bool,
 }
 
 impl Governor {
     pub fn new(ceiling: u32) -> Self {
-        Self { rule: Rule::new(ceiling), window: None, last_backoff: None, last_counts: None, was_busy: false }
+        Self { rule: Rule::new(ceiling), window: None, last_backoff: None, last_counts: None }
     }
 
     pub fn limit(&self) -> u32 {
         self.rule.limit()
     }
 
-    /// Takes a look in; returns the limit to use now (before any hold for the load
-    /// signal, which the caller applies: it needs no limit to be forgotten).
+    /// Takes a look in; returns the limit to use now (before the load signal's cap,
+    /// which the caller applies: [`super::gate`]).
     pub fn look(&mut self, look: Look) -> u32 {
         let overloaded = self.last_counts.is_some_and(|last| look.counts.overloads > last.overloads);
         self.last_counts = Some(look.counts);
-        let queueing_began = look.busy && !self.was_busy;
-        self.was_busy = look.busy;
         let may_back_off = self.last_backoff.is_none_or(|at| look.now.duration_since(at) >= BACKOFF_EVERY);
-        let backoff = match (overloaded, queueing_began) {
-            (true, _) => Some(Backoff::Overload),
-            (false, true) => Some(Backoff::Queueing),
-            _ => None,
-        };
-        if let Some(why) = backoff.filter(|_| may_back_off) {
-            self.rule.back_off(why);
+        if overloaded && may_back_off {
+            self.rule.back_off();
             self.last_backoff = Some(look.now);
             self.window = None;
         }
@@ -81,25 +69,21 @@ impl Governor {
             at_start: look.counts,
             in_flight_sum: 0.0,
             samples: 0,
-            spoiled: false,
         });
         window.in_flight_sum += f64::from(look.in_flight);
         window.samples += 1;
-        window.spoiled |= look.busy;
         let elapsed = look.now.duration_since(window.started);
         let finished = look.counts.since(&window.at_start);
         let turned_over = finished.lines >= 2 * u64::from(self.rule.limit());
         if elapsed >= MIN_WINDOW && (turned_over || elapsed >= MAX_WINDOW) {
             let window = self.window.take().expect("a window is open");
-            if !window.spoiled {
-                let observed = Window {
-                    in_flight: window.in_flight_sum / f64::from(window.samples.max(1)),
-                    tokens: finished.tokens,
-                    lines: finished.lines,
-                    seconds: elapsed.as_secs_f64(),
-                };
-                self.rule.observe(observed, look.ceiling);
-            }
+            let observed = Window {
+                in_flight: window.in_flight_sum / f64::from(window.samples.max(1)),
+                tokens: finished.tokens,
+                lines: finished.lines,
+                seconds: elapsed.as_secs_f64(),
+            };
+            self.rule.observe(observed, look.ceiling);
         }
         self.rule.limit().min(look.ceiling.max(1))
     }
@@ -116,12 +100,12 @@ mod tests {
 
     impl Server {
         /// 100 ms of a server that finishes `per_sec(limit)` lines of 10 tokens a second.
-        fn tick(&mut self, governor: &mut Governor, busy: bool, overloads: u64, per_sec: impl Fn(u32) -> f64) -> u32 {
+        fn tick(&mut self, governor: &mut Governor, overloads: u64, per_sec: impl Fn(u32) -> f64) -> u32 {
             let limit = governor.limit();
             self.now += Duration::from_millis(100);
             let lines = (per_sec(limit) / 10.0).round() as u64;
             self.counts.add(&Counts { lines, tokens: 10 * lines, overloads });
-            governor.look(Look { now: self.now, counts: self.counts, in_flight: limit, busy, ceiling: 256 })
+            governor.look(Look { now: self.now, counts: self.counts, in_flight: limit, ceiling: 256 })
         }
     }
 
@@ -133,31 +117,27 @@ mod tests {
     fn it_finds_the_batch_size_of_a_batching_server() {
         let mut server = Server { now: Instant::now(), counts: Counts::default() };
         let mut governor = Governor::new(256);
-        let limits: Vec<u32> = (0..1200).map(|_| server.tick(&mut governor, false, 0, batching(24))).collect();
+        let limits: Vec<u32> = (0..1200).map(|_| server.tick(&mut governor, 0, batching(24))).collect();
         let late = &limits[600..];
         let mean = late.iter().map(|l| f64::from(*l)).sum::<f64>() / late.len() as f64;
         assert!((22.0..=30.0).contains(&mean), "near 24: {mean}");
     }
 
     #[test]
-    fn overload_and_queueing_cut_at_once_but_one_burst_cuts_once() {
+    fn overload_cuts_at_once_but_one_burst_cuts_once() {
         let mut server = Server { now: Instant::now(), counts: Counts::default() };
         let mut governor = Governor::new(256);
         for _ in 0..200 {
-            server.tick(&mut governor, false, 0, batching(64));
+            server.tick(&mut governor, 0, batching(64));
         }
         let before = governor.limit();
         assert!(before >= 32, "{before}");
-        let after = server.tick(&mut governor, false, 3, batching(64));
+        let after = server.tick(&mut governor, 3, batching(64));
         assert_eq!(after, before / 2, "429s halve it");
-        assert_eq!(server.tick(&mut governor, false, 5, batching(64)), after, "the same burst a moment later");
+        assert_eq!(server.tick(&mut governor, 5, batching(64)), after, "the same burst a moment later");
         for _ in 0..10 {
-            server.tick(&mut governor, false, 0, batching(64));
+            server.tick(&mut governor, 0, batching(64));
         }
-        let busy = server.tick(&mut governor, true, 0, batching(64));
-        assert_eq!(busy, ((f64::from(after) * 0.9).floor() as u32).max(1), "queueing cuts a tenth");
-        for _ in 0..30 {
-            assert_eq!(server.tick(&mut governor, true, 0, batching(64)), busy, "no window is judged while busy");
-        }
+        assert_eq!(server.tick(&mut governor, 1, batching(64)), after / 2, "a second later, another burst");
     }
 }

@@ -3,10 +3,11 @@
 //! interactive users wait.
 //!
 //! - [`rule`]: the adaptive limit, from throughput measured at the current limit (pure).
-//! - [`governor`]: feeds the rule windows of observations and backs off on overload or
-//!   queueing (pure: time is passed in).
-//! - [`signals`]: the server's own metrics, read to hold batch dispatch while
-//!   interactive requests queue.
+//! - [`governor`]: feeds the rule windows of observations and backs off on overload
+//!   (pure: time is passed in).
+//! - [`signals`]: the server's own metrics, read to see requests queue at it.
+//! - [`gate`]: the cap the load signal sets on batch requests in flight: cut at once
+//!   when requests queue, grown back while they don't (pure).
 //! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
 //! - [`control`]: the loop per upstream in a process (`serve`, a worker pod) that sets
 //!   the upstream's [`crate::exec::limiter::Limiter`] target.
@@ -14,9 +15,10 @@
 //! In `serve` the governor runs in the process. On Kubernetes the controller runs it
 //! over what every worker pod reports in its acknowledgment (`crate::grants`), and
 //! divides the limit it finds among the pods; each pod still reads the load signal
-//! itself, and holds at once.
+//! itself, and backs off at once.
 
 pub mod control;
+pub mod gate;
 pub mod governor;
 pub mod priority;
 pub mod rule;

@@ -16,8 +16,9 @@
 //!   step (the requests taken away were only queueing);
 //! - otherwise **hold** for [`HOLD_WINDOWS`] windows, then probe again (the server's
 //!   capacity changes: other traffic comes and goes);
-//! - **back off**: on overload (429, 503, timeouts) or interactive requests queueing,
-//!   the limit is cut multiplicatively at once, and probing starts again from there.
+//! - **back off**: on overload (429, 503, timeouts) the limit is halved at once, and
+//!   probing starts again from there. (Interactive requests queueing at the server are
+//!   the load signal's to answer: [`super::gate`].)
 //!
 //! A window right after a change is not judged (the requests in flight are still those
 //! of the old limit), and neither is one in which fewer requests were in flight than
@@ -37,8 +38,6 @@ const UP_FACTOR: f64 = 1.25;
 const DOWN_FACTOR: f64 = 0.8;
 /// The cut on overload (429, 503, timeouts).
 const OVERLOAD_FACTOR: f64 = 0.5;
-/// The cut when interactive requests queue at the server.
-const QUEUE_FACTOR: f64 = 0.9;
 /// Where the limit starts (or the ceiling, if lower).
 pub const INITIAL: u32 = 8;
 
@@ -52,15 +51,6 @@ pub struct Window {
     /// Lines that finished.
     pub lines: u64,
     pub seconds: f64,
-}
-
-/// Why the limit is cut at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backoff {
-    /// The upstream answered 429 or 503, or timed out.
-    Overload,
-    /// Interactive requests are queueing at the server (its load signal).
-    Queueing,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -161,13 +151,10 @@ impl Rule {
         }
     }
 
-    /// Cuts the limit at once; probing starts again from the new one.
-    pub fn back_off(&mut self, why: Backoff) -> u32 {
-        let factor = match why {
-            Backoff::Overload => OVERLOAD_FACTOR,
-            Backoff::Queueing => QUEUE_FACTOR,
-        };
-        let cut = ((f64::from(self.limit) * factor).floor() as u32).max(1);
+    /// Cuts the limit at once (the upstream is overloaded); probing starts again from
+    /// the new one.
+    pub fn back_off(&mut self) -> u32 {
+        let cut = ((f64::from(self.limit) * OVERLOAD_FACTOR).floor() as u32).max(1);
         self.set(cut, Phase::Hold(HOLD_WINDOWS / 2), None)
     }
 
@@ -283,17 +270,11 @@ mod tests {
     }
 
     #[test]
-    fn overload_halves_it_and_queueing_cuts_a_tenth() {
-        let cases = [
-            (Backoff::Overload, 32, 16),
-            (Backoff::Overload, 1, 1),
-            (Backoff::Queueing, 32, 28),
-            (Backoff::Queueing, 3, 2),
-        ];
-        for (why, from, to) in cases {
+    fn overload_halves_it() {
+        for (from, to) in [(32, 16), (33, 16), (3, 1), (1, 1)] {
             let mut rule = Rule::new(1024);
             rule.limit = from;
-            assert_eq!(rule.back_off(why), to, "{why:?} at {from}");
+            assert_eq!(rule.back_off(), to, "at {from}");
         }
     }
 

@@ -1,14 +1,16 @@
-//! Load signals: a model server's own Prometheus metrics, read every few hundred
-//! milliseconds, say whether its interactive requests are queueing (vLLM's
+//! Load signals: a model server's own Prometheus metrics, read every 100 ms unless
+//! configured otherwise, say whether its interactive requests are queueing (vLLM's
 //! `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`) or its KV cache is
 //! nearly full (`vllm:kv_cache_usage_perc`, `sglang:token_usage`). Batch dispatch then
-//! holds until they drain. A signal that fails, times out or makes no sense never
-//! stops batches: the latency-based rule alone governs then, and a metric says so.
+//! backs off at once, and grows back once they drain ([`super::gate`]). A signal that
+//! fails, times out or makes no sense never stops batches: the throughput rule alone
+//! governs then, and a metric says so.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::gate::Pressure;
 use crate::duration;
 
 /// The server whose metric names are the defaults.
@@ -46,7 +48,7 @@ pub struct LoadSignalConfig {
 }
 
 fn default_every() -> Duration {
-    Duration::from_millis(250)
+    Duration::from_millis(100)
 }
 fn default_max_kv_cache_usage() -> f64 {
     0.95
@@ -106,9 +108,14 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// Whether batch dispatch should hold: interactive requests queue, or the cache is full.
-    pub fn busy(&self, config: &LoadSignalConfig) -> bool {
-        self.waiting > config.max_waiting || self.kv_cache_usage.is_some_and(|usage| usage > config.max_kv_cache_usage)
+    /// Whether batch dispatch should back off: requests queue, or the cache is full.
+    pub fn pressure(&self, config: &LoadSignalConfig) -> Pressure {
+        let over = self.waiting - config.max_waiting;
+        if over > 0.0 || self.kv_cache_usage.is_some_and(|usage| usage > config.max_kv_cache_usage) {
+            Pressure::Queueing { over: over.max(0.0) }
+        } else {
+            Pressure::Clear
+        }
     }
 }
 
@@ -226,19 +233,25 @@ mod tests {
     }
 
     #[test]
-    fn busy_when_requests_wait_or_the_cache_is_full() {
+    fn pressure_when_requests_wait_or_the_cache_is_full() {
         let strict = config("url: http://x/metrics");
         let lenient = config("url: http://x/metrics\nmax_waiting: 4\nmax_kv_cache_usage: 0.99");
+        let queueing = |over| Pressure::Queueing { over };
         let cases = [
-            (0.0, None, false, false),
-            (1.0, None, true, false),
-            (5.0, Some(0.1), true, true),
-            (0.0, Some(0.96), true, false),
-            (0.0, Some(0.995), true, true),
+            (0.0, None, Pressure::Clear, Pressure::Clear),
+            (1.0, None, queueing(1.0), Pressure::Clear),
+            (4.0, None, queueing(4.0), Pressure::Clear),
+            (5.0, Some(0.1), queueing(5.0), queueing(1.0)),
+            (0.0, Some(0.96), queueing(0.0), Pressure::Clear),
+            (2.0, Some(0.995), queueing(2.0), queueing(0.0)),
         ];
-        for (waiting, kv_cache_usage, strict_busy, lenient_busy) in cases {
+        for (waiting, kv_cache_usage, strict_pressure, lenient_pressure) in cases {
             let reading = Reading { waiting, kv_cache_usage };
-            assert_eq!((reading.busy(&strict), reading.busy(&lenient)), (strict_busy, lenient_busy), "{reading:?}");
+            assert_eq!(
+                (reading.pressure(&strict), reading.pressure(&lenient)),
+                (strict_pressure, lenient_pressure),
+                "{reading:?}"
+            );
         }
     }
 

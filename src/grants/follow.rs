@@ -54,11 +54,8 @@ impl Run<'_> {
                         observed: upstreams
                             .iter()
                             .map(|u| {
-                                let observation = Observation {
-                                    counts: u.observed.counts(),
-                                    in_flight: u.limiter.in_flight(),
-                                    busy: u.control.busy.load(Ordering::Relaxed),
-                                };
+                                let observation =
+                                    Observation { counts: u.observed.counts(), in_flight: u.limiter.in_flight() };
                                 (u.name.clone(), observation)
                             })
                             .collect(),

@@ -64,14 +64,12 @@ pub struct Ack {
     pub observed: BTreeMap<String, Observation>,
 }
 
-/// A worker's view of an upstream: its finished requests so far (this run), its
-/// requests in flight, and whether the load signal holds it.
+/// A worker's view of an upstream: its finished requests so far (this run) and its
+/// requests in flight.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
     pub counts: crate::concurrency::Counts,
     pub in_flight: u32,
-    #[serde(default)]
-    pub busy: bool,
 }
 
 /// A run's tokens: what its shard had committed when it started (`base`), what it has

@@ -23,6 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
+use super::admission::share;
 use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
 use super::grants::is_running_worker;
 use super::guard::valid_only;
@@ -31,7 +32,7 @@ use super::store::{apply_status, to_batch};
 use super::usage::RecordedMarks;
 use crate::batches::{Batch, BatchState};
 use crate::clock;
-use crate::config::WorkerTemplate;
+use crate::config::{Scheduling, WorkerTemplate};
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::checkpoint::ShardLedger;
 use crate::exec::{ExecContext, ExecError};
@@ -72,7 +73,11 @@ pub struct Context {
     pub worker: WorkerTemplate,
     pub recorder: Recorder,
     pub jobs: Store<Job>,
+    /// The Batches' watch cache, for each one's share of the running shards.
+    pub batch_cache: Store<BatchResource>,
     pub projects: Store<ProjectResource>,
+    /// How the running shards are shared when they are short (`batches.scheduling`).
+    pub scheduling: Scheduling,
     /// Batches seen without a status, by uid, and since when (this process's clock).
     pub statusless: Mutex<HashMap<String, Instant>>,
     /// Shard Jobs that may run at once over the installation (`batches.max_running_shards`).
@@ -99,6 +104,12 @@ impl Context {
         created.retain(|_, at| at.elapsed() < CREATED_UNSEEN);
         names.extend(created.keys().cloned());
         names.len()
+    }
+
+    /// Each Project's weight (1 to 1000), by project id.
+    pub fn project_weights(&self) -> HashMap<String, u32> {
+        let projects = self.projects.state();
+        projects.iter().map(|p| (p.spec.id.to_string(), p.spec.weight.unwrap_or(1).clamp(1, 1000))).collect()
     }
 
     fn batches(&self) -> Api<BatchResource> {
@@ -374,8 +385,16 @@ impl Runtime for KubeRuntime<'_> {
         Ok(job_workers(&self.jobs, &batch.state.shard_failures))
     }
 
+    /// The installation's free slots, and no more than this Batch's share of all of them
+    /// (`super::admission`) less the Jobs it runs.
     fn free_slots(&self, _batch: &Batch) -> Option<usize> {
-        Some(self.ctx.max_running_shards.saturating_sub(self.ctx.running_jobs()))
+        let ctx = self.ctx;
+        let free = ctx.max_running_shards.saturating_sub(ctx.running_jobs());
+        let (batches, jobs) = (ctx.batch_cache.state(), ctx.jobs.state());
+        let name = self.resource().name_any();
+        let share = share(&name, &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards);
+        let ours = self.jobs.iter().filter(|job| is_running_worker(job)).count();
+        Some(free.min(share.saturating_sub(ours)))
     }
 
     /// Creates the shard's Job, unless the installation's running shards are at their

@@ -74,12 +74,7 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, ups
 
 /// Each running worker's project and that project's weight.
 fn worker_projects(ctx: &Context, running: &[Arc<Job>]) -> BTreeMap<String, (String, u32)> {
-    let weights: HashMap<String, u32> = ctx
-        .projects
-        .state()
-        .iter()
-        .map(|project| (project.spec.id.to_string(), project.spec.weight.unwrap_or(1).clamp(1, 1000)))
-        .collect();
+    let weights = ctx.project_weights();
     running
         .iter()
         .map(|job| {
@@ -111,7 +106,7 @@ impl Adapting {
                 limits.insert(upstream.name.clone(), upstream.ceiling);
                 continue;
             }
-            let (mut in_flight, mut busy) = (0, false);
+            let mut in_flight = 0;
             let total = self.totals.entry(upstream.name.clone()).or_default();
             for (worker, seen) in seen {
                 let Some(ack) = &seen.acked else { continue };
@@ -124,11 +119,10 @@ impl Adapting {
                 total.add(&new);
                 self.last.insert(key, (ack.run.clone(), observation.counts));
                 in_flight += observation.in_flight;
-                busy |= observation.busy;
             }
             let governor =
                 self.governors.entry(upstream.name.clone()).or_insert_with(|| Governor::new(upstream.ceiling));
-            let limit = governor.look(Look { now, counts: *total, in_flight, busy, ceiling: upstream.ceiling });
+            let limit = governor.look(Look { now, counts: *total, in_flight, ceiling: upstream.ceiling });
             crate::metrics::METRICS.concurrency_limit_of(&upstream.name).set(i64::from(limit));
             limits.insert(upstream.name.clone(), limit);
         }

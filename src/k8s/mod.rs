@@ -1,6 +1,7 @@
 //! Nightshift on Kubernetes: the custom resources, the batch store over them, the
 //! project directory, and the controller that runs batches as Jobs.
 
+pub mod admission;
 pub mod conditions;
 pub mod controller;
 pub mod crd;

@@ -1,0 +1,159 @@
+//! Which Batches start shard Jobs when the installation's `max_running_shards` is
+//! short: each in-progress Batch's share of the slots ([`crate::schedule`]: projects by
+//! weight, earliest deadline first within one; or first come, first served), read off
+//! the controller's caches. A Batch starts Jobs only while it runs fewer than its
+//! share; one above it (it started before the others came) keeps its Jobs, and the
+//! slots they free go to those below theirs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+
+use super::crd::{BATCH_LABEL, BatchResource};
+use super::jobs::job_workers;
+use crate::batches::Status;
+use crate::config::Scheduling;
+use crate::drive::WorkerPhase;
+use crate::schedule::{Candidate, allot, allot_in_order};
+
+/// How many shard Jobs `batch` (a Batch's name) may run now, of `slots` over the
+/// installation; `weights` by project id (1 if missing).
+pub fn share(
+    batch: &str,
+    batches: &[Arc<BatchResource>],
+    jobs: &[Arc<Job>],
+    weights: &HashMap<String, u32>,
+    scheduling: Scheduling,
+    slots: usize,
+) -> usize {
+    let running: Vec<&Arc<BatchResource>> = batches
+        .iter()
+        .filter(|b| b.status.as_ref().is_some_and(|s| s.status == Status::InProgress && s.ending.is_none()))
+        .collect();
+    let Some(ours) = running.iter().position(|b| b.name_any() == batch) else {
+        // Not in the cache as in progress yet: only the free slots bound it.
+        return slots;
+    };
+    let candidates: Vec<Candidate<String>> = running
+        .iter()
+        .map(|resource| {
+            let spec = &resource.spec.batch;
+            let name = resource.name_any();
+            let own: Vec<&Job> = jobs
+                .iter()
+                .map(|job| job.as_ref())
+                .filter(|job| job.labels().get(BATCH_LABEL) == Some(&name))
+                .collect();
+            let failures = resource.status.as_ref().map(|s| s.shard_failures.clone()).unwrap_or_default();
+            let done = job_workers(&own, &failures).values().filter(|phase| **phase == WorkerPhase::Succeeded).count();
+            let project = spec.project_id.to_string();
+            Candidate {
+                weight: weights.get(&project).copied().unwrap_or(1),
+                project,
+                expires_at: spec.expires_at,
+                created_at: spec.created_at,
+                shards: spec.plan.shards.len().saturating_sub(done),
+            }
+        })
+        .collect();
+    let shares = match scheduling {
+        Scheduling::Fair => allot(slots, &candidates),
+        Scheduling::Fifo => allot_in_order(slots, &candidates),
+    };
+    shares[ours]
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+
+    use super::*;
+    use crate::batches::{BatchSpec, BatchState};
+    use crate::config::WorkerTemplate;
+    use crate::ids::{BatchId, FileId, ProjectId};
+    use crate::k8s::crd::{BatchResourceSpec, resource_name};
+    use crate::k8s::jobs::shard_job;
+    use crate::validate::{Shard, ShardPlan};
+
+    fn shard(index: u32) -> Shard {
+        Shard { index, first_request: u64::from(index) * 10, requests: 10, byte_start: 0, byte_end: 1 }
+    }
+
+    /// An in-progress Batch of `project` with `shards` shards, created at `created_at`.
+    fn batch(project: &ProjectId, shards: u32, created_at: i64) -> Arc<BatchResource> {
+        let id = BatchId::generate();
+        let name = resource_name(&id);
+        let spec = BatchSpec {
+            id,
+            project_id: project.clone(),
+            input_file_id: FileId::generate(),
+            endpoint: "/v1/chat/completions".into(),
+            completion_window: "24h".into(),
+            metadata: Default::default(),
+            created_at,
+            expires_at: created_at + 86_400,
+            model: None,
+            output_expires_after: None,
+            plan: ShardPlan { shard_lines: 10, shards: (0..shards).map(shard).collect() },
+        };
+        let mut resource = BatchResource::new(&name, BatchResourceSpec { batch: spec });
+        resource.metadata.uid = Some(format!("uid-{name}"));
+        resource.status = Some(BatchState::in_progress(created_at, u64::from(shards) * 10));
+        Arc::new(resource)
+    }
+
+    fn job(batch: &BatchResource, index: u32, complete: bool) -> Arc<Job> {
+        let mut job = shard_job(batch, &shard(index), 0, &WorkerTemplate::default(), None);
+        if complete {
+            let condition = JobCondition { type_: "Complete".into(), status: "True".into(), ..Default::default() };
+            job.status = Some(JobStatus { conditions: Some(vec![condition]), ..Default::default() });
+        }
+        Arc::new(job)
+    }
+
+    #[test]
+    fn a_small_batch_gets_a_slot_beside_a_big_one_that_started_first() {
+        let (a, b) = (ProjectId::generate(), ProjectId::generate());
+        let big = batch(&a, 8, 100);
+        let small = batch(&b, 1, 200);
+        let batches = [big.clone(), small.clone()];
+        let jobs: Vec<Arc<Job>> = (0..4).map(|i| job(&big, i, false)).collect();
+        let weights = HashMap::new();
+        let of = |batch: &BatchResource, scheduling| share(&batch.name_any(), &batches, &jobs, &weights, scheduling, 4);
+        let fair = (of(&big, Scheduling::Fair), of(&small, Scheduling::Fair));
+        assert_eq!(fair, (3, 1), "the big one keeps 3 of its 4, the next free slot is the small one's");
+        let fifo = (of(&big, Scheduling::Fifo), of(&small, Scheduling::Fifo));
+        assert_eq!(fifo, (4, 0), "first come, first served");
+    }
+
+    #[test]
+    fn projects_share_by_weight_and_finished_shards_leave_their_slots() {
+        let (a, b) = (ProjectId::generate(), ProjectId::generate());
+        let first = batch(&a, 20, 100);
+        let second = batch(&b, 20, 200);
+        let batches = [first.clone(), second.clone()];
+        let weights: HashMap<String, u32> = [(b.to_string(), 3)].into();
+        let of = |batch: &BatchResource, jobs: &[Arc<Job>]| {
+            share(&batch.name_any(), &batches, jobs, &weights, Scheduling::Fair, 8)
+        };
+        assert_eq!((of(&first, &[]), of(&second, &[])), (2, 6), "weights 1 and 3");
+        // 19 of the second's shards are done: one is left, and the first takes the rest.
+        let done: Vec<Arc<Job>> = (0..19).map(|i| job(&second, i, true)).collect();
+        assert_eq!((of(&first, &done), of(&second, &done)), (7, 1));
+    }
+
+    #[test]
+    fn a_batch_not_in_progress_in_the_cache_is_bound_by_the_free_slots_alone() {
+        let project = ProjectId::generate();
+        let mut ending = (*batch(&project, 4, 100)).clone();
+        ending.status = Some(BatchState::failed(100, Vec::new()));
+        let other = batch(&project, 4, 200);
+        let batches = [Arc::new(ending.clone()), other.clone()];
+        let of = |name: &str| share(name, &batches, &[], &HashMap::new(), Scheduling::Fair, 5);
+        assert_eq!(of(&ending.name_any()), 5);
+        assert_eq!(of("batch-unknown"), 5);
+        assert_eq!(of(&other.name_any()), 4, "it has 4 shards");
+    }
+}
