@@ -4,7 +4,8 @@
 //! caller passes the time, the reading and its own requests in flight.
 //!
 //! - **queueing**, seen by two readings in a row (a request waits for the next step of
-//!   even an idle server, and one reading may catch it; a queue lasts): the cap drops
+//!   even an idle server, and one reading may catch it; a queue lasts; the first reading
+//!   only stops new lines until the next one): the cap drops
 //!   under the requests in flight at once, by a tenth, or
 //!   by as many as wait past the threshold when that is more; no batch line is sent
 //!   until they drain below it. Readings that stay busy cut again only once the lines
@@ -64,14 +65,18 @@ impl Gate {
         self.last = Some(now);
         let in_flight = f64::from(in_flight);
         // A request waits at the server until its next step, however idle it is: a
-        // queue counts once two readings in a row see it (what both saw).
+        // queue counts once two readings in a row see it (what both saw). The first
+        // only stops new lines until the next.
         let seen = match pressure {
             Pressure::Queueing { over } => Some(over),
             Pressure::Clear => None,
         };
         let pressure = match (std::mem::replace(&mut self.before, seen), seen) {
             (Some(before), Some(now)) => Pressure::Queueing { over: before.min(now) },
-            (None, Some(_)) => return self.cap(),
+            (None, Some(_)) => {
+                self.cap = Some(self.cap.map_or(in_flight, |cap| cap.min(in_flight)));
+                return self.cap();
+            }
             _ => Pressure::Clear,
         };
         match pressure {
@@ -150,13 +155,16 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_held_until_a_queue_lasts_two_readings() {
+    fn nothing_is_held_until_something_queues_and_one_reading_only_stops_new_lines() {
         let mut readings = Readings::new();
         for in_flight in [0, 10, 64, 200] {
             assert_eq!(readings.read(Pressure::Clear, in_flight), None);
-            // A request waiting for the server's next step, seen once.
-            assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, in_flight), None);
         }
+        // A request waiting for the server's next step, seen once: no cut.
+        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(10));
+        assert_eq!(readings.read(Pressure::Clear, 10), Some(10), "growing again");
+        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(10));
+        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(7), "seen twice: cut, by the 3 waiting");
     }
 
     #[test]
