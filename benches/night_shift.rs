@@ -20,7 +20,7 @@
 //!
 //! Knobs: `BENCH_WARM_SECS` (before measuring, default 15), `BENCH_MEASURE_SECS`
 //! (default 20), `BENCH_ONLY` (`interactive`: only the runs whose name contains it, and
-//! the one without a batch).
+//! the one without a batch), `BENCH_LOG` (`serve`'s `RUST_LOG`, default `warn`).
 
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
@@ -81,7 +81,7 @@ impl Serve {
         let mut child = Command::new(&nightshift)
             .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
             .arg(work.path().join("data"))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -231,10 +231,12 @@ async fn users() {
     println!("| --- | --- | --- | --- | --- | --- |");
     let steady = Pattern::Steady { per_sec: INTERACTIVE_RATE };
     let gated = "    max_concurrency: 1024\n    load_signal:\n      url: {metrics}\n";
-    let runs: [(&str, Option<&str>, bool); 7] = [
+    let runs: [(&str, Option<&str>, bool); 8] = [
         ("none", None, false),
         ("fixed 64", Some("    max_concurrency: 64\n    adaptive: false\n"), false),
         ("fixed 16", Some("    max_concurrency: 16\n    adaptive: false\n"), false),
+        // The best fixed concurrency for these users, found by hand.
+        ("fixed 20", Some("    max_concurrency: 20\n    adaptive: false\n"), false),
         ("untuned, no load signal", Some("    max_concurrency: 1024\n"), false),
         ("untuned + load signal", Some(gated), false),
         ("fixed 64, server schedules by priority", Some("    max_concurrency: 64\n    adaptive: false\n"), true),

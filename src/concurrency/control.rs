@@ -76,7 +76,9 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                         Pressure::Clear
                     }
                 };
-                gate.read(std::time::Instant::now(), pressure, limiter.in_flight(), limit);
+                let in_flight = limiter.in_flight();
+                let cap = gate.read(std::time::Instant::now(), pressure, in_flight, limit);
+                tracing::debug!(upstream = %upstream.name, ?pressure, in_flight, ?cap, limit, "load signal read");
                 held_gauge.set(i64::from(pressure != Pressure::Clear));
             }
             let target = gate.cap().map_or(limit, |cap| cap.min(limit));

@@ -1,34 +1,39 @@
 //! The load signal's hold on batch dispatch: a cap on an upstream's batch requests in
 //! flight, cut when the server says requests queue and grown back while they don't.
-//! The server's queue is the congestion signal, as ECN marks are to TCP. Pure: the
+//! The server's queue is the congestion signal, as ECN marks are to TCP, and the cap
+//! follows it as DCTCP's window follows them (Alizadeh et al., SIGCOMM 2010). Pure: the
 //! caller passes the time, the reading and its own requests in flight.
 //!
-//! - **queueing**, seen by two readings in a row (a request waits for the next step of
-//!   even an idle server, and one reading may catch it; a queue lasts; the first reading
-//!   only stops new lines until the next one): the cap drops
-//!   under the requests in flight at once, by a tenth, or
-//!   by as many as wait past the threshold when that is more; no batch line is sent
-//!   until they drain below it. Readings that stay busy cut again only once the lines
-//!   in flight have come down to the cap (an earlier cut still takes effect as lines
-//!   finish; cutting again then would only count it twice).
-//! - **drained**: while the batch uses it, the cap grows back fast towards the requests in
-//!   flight when the queue began (closing [`RECOVERY_PER_SEC`] of the gap a second), then
-//!   by [`PROBE_PER_SEC`] past them, as CUBIC and BIC do in TCP: the batch spends its time
-//!   just under the point where the queue began, and reaches past it rarely and slowly.
-//!   The cap goes away once it reaches the limit the throughput rule gives.
+//! - **A reading that sees a queue** marks the [`WINDOW`] it falls in: the cap stops
+//!   growing (set to the requests in flight, when there was none), so a batch adds no
+//!   lines while users wait.
+//! - **Each window** folds the share of its readings that saw a queue into `alpha`, a
+//!   moving average (weight [`G`]); a window with any mark cuts the cap by `alpha / 2`.
+//!   A queue now and then costs a little, one that lasts halves the cap within seconds:
+//!   the batch settles where users rarely wait, not at the edge where they start to.
+//! - **A queue two readings in a row see** is users waiting now: the cap drops at once
+//!   under the requests in flight by as many as wait past the threshold. Readings that
+//!   stay busy cut this way again only once the lines in flight have come down to the
+//!   cap (an earlier cut still takes effect as lines finish).
+//! - **Readings that see nothing** grow the cap, while the batch uses it, by
+//!   [`PROBE_PER_SEC`], faster the longer nothing has queued (a server left idle fills
+//!   in tens of seconds, not minutes). The cap goes away once it reaches the limit the
+//!   throughput rule gives.
 //!
 //! Without a reading (no load signal, or a failing one), nothing is held.
 
 use std::time::{Duration, Instant};
 
-/// A queue cuts the cap to at most this share of the batch
-/// requests in flight.
-pub const CUT: f64 = 0.9;
-/// While nothing queues, the cap closes this share of its gap to the requests in flight
-/// when the queue began, a second (as long as it is used)…
-pub const RECOVERY_PER_SEC: f64 = 2.0;
-/// … and grows at least this much a second.
+/// The span over which marks are counted, and the cap cut at most once.
+pub const WINDOW: Duration = Duration::from_secs(1);
+/// The weight of the latest window's share of marked readings in `alpha`.
+pub const G: f64 = 0.25;
+/// While nothing queues, the cap grows this much a second…
 pub const PROBE_PER_SEC: f64 = 0.5;
+/// … times the seconds since the last queue over this (at least once, at most
+/// [`MAX_SPEEDUP`] times).
+pub const ACCELERATE_AFTER: Duration = Duration::from_secs(5);
+pub const MAX_SPEEDUP: f64 = 10.0;
 /// Growth counts at most this much time between two readings (a stalled loop does not
 /// release a burst).
 const MAX_GAP: Duration = Duration::from_secs(1);
@@ -42,14 +47,31 @@ pub enum Pressure {
     Queueing { over: f64 },
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Gate {
     cap: Option<f64>,
+    /// The moving average of the share of readings that saw a queue, window by window.
+    alpha: f64,
+    window: Window,
     /// What the reading before this one said was over the threshold, if anything.
     before: Option<f64>,
-    /// Batch requests in flight when the queue began, last time.
-    queued_at: f64,
+    /// The last reading that saw a queue.
+    queued: Option<Instant>,
     last: Option<Instant>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Window {
+    start: Option<Instant>,
+    readings: u32,
+    marked: u32,
+}
+
+impl Default for Gate {
+    /// `alpha` starts at 1, as in DCTCP: the first queue halves the cap.
+    fn default() -> Self {
+        Self { cap: None, alpha: 1.0, window: Window::default(), before: None, queued: None, last: None }
+    }
 }
 
 impl Gate {
@@ -64,40 +86,54 @@ impl Gate {
         let gap = self.last.map_or(Duration::ZERO, |last| now.saturating_duration_since(last)).min(MAX_GAP);
         self.last = Some(now);
         let in_flight = f64::from(in_flight);
-        // A request waits at the server until its next step, however idle it is: a
-        // queue counts once two readings in a row see it (what both saw). The first
-        // only stops new lines until the next.
-        let seen = match pressure {
+        self.close_window(now);
+        self.window.readings += 1;
+        let over = match pressure {
             Pressure::Queueing { over } => Some(over),
             Pressure::Clear => None,
         };
-        let pressure = match (std::mem::replace(&mut self.before, seen), seen) {
-            (Some(before), Some(now)) => Pressure::Queueing { over: before.min(now) },
-            (None, Some(_)) => {
-                self.cap = Some(self.cap.map_or(in_flight, |cap| cap.min(in_flight)));
-                return self.cap();
+        match (std::mem::replace(&mut self.before, over), over) {
+            (before, Some(over)) => {
+                self.window.marked += 1;
+                self.queued = Some(now);
+                let cap = *self.cap.get_or_insert(in_flight);
+                // Users wait now (two readings saw them): make room for them at once,
+                // unless lines over the cap are still finishing.
+                let waiting = before.map_or(0.0, |before| before.min(over)).ceil();
+                if waiting > 0.0 && in_flight <= cap.floor() {
+                    self.cap = Some(cap.min((in_flight - waiting).max(0.0)));
+                }
             }
-            _ => Pressure::Clear,
-        };
-        match pressure {
-            // Lines over the cap are still finishing: the cut already made takes effect.
-            Pressure::Queueing { .. } if self.cap.is_some_and(|cap| in_flight > cap.floor()) => {}
-            Pressure::Queueing { over } => {
-                let cut = (in_flight * CUT).floor().min((in_flight - over.ceil()).max(0.0));
-                self.cap = Some(self.cap.map_or(cut, |cap| cap.min(cut)));
-                self.queued_at = in_flight;
-            }
-            Pressure::Clear => {
+            (_, None) => {
                 if let Some(cap) = self.cap
+                    && self.window.marked == 0
                     && in_flight + 1.0 >= cap
                 {
-                    let rate = ((self.queued_at - cap) * RECOVERY_PER_SEC).max(PROBE_PER_SEC);
-                    let grown = cap + rate * gap.as_secs_f64();
+                    let calm = self.queued.map_or(Duration::MAX, |at| now.saturating_duration_since(at));
+                    let speed = (calm.as_secs_f64() / ACCELERATE_AFTER.as_secs_f64()).clamp(1.0, MAX_SPEEDUP);
+                    let grown = cap + PROBE_PER_SEC * speed * gap.as_secs_f64();
                     self.cap = (grown < f64::from(limit)).then_some(grown);
                 }
             }
         }
         self.cap()
+    }
+
+    /// Ends the window if `now` is past it: folds its share of marks into `alpha`, and
+    /// cuts the cap by `alpha / 2` if anything queued in it.
+    fn close_window(&mut self, now: Instant) {
+        let start = *self.window.start.get_or_insert(now);
+        if now.saturating_duration_since(start) < WINDOW || self.window.readings == 0 {
+            return;
+        }
+        let Window { readings, marked, .. } = std::mem::take(&mut self.window);
+        self.window.start = Some(now);
+        self.alpha = (1.0 - G) * self.alpha + G * f64::from(marked) / f64::from(readings);
+        if marked > 0
+            && let Some(cap) = self.cap
+        {
+            self.cap = Some(cap * (1.0 - self.alpha / 2.0));
+        }
     }
 }
 
@@ -108,6 +144,7 @@ mod tests {
     const LIMIT: u32 = 64;
     const QUEUE: Pressure = Pressure::Queueing { over: 0.0 };
 
+    /// Readings 100 ms apart: ten to a window.
     struct Readings {
         gate: Gate,
         now: Instant,
@@ -118,100 +155,127 @@ mod tests {
             Self { gate: Gate::default(), now: Instant::now() }
         }
 
-        /// A reading 250 ms after the last one.
         fn read(&mut self, pressure: Pressure, in_flight: u32) -> Option<u32> {
-            self.now += Duration::from_millis(250);
+            self.now += Duration::from_millis(100);
             self.gate.read(self.now, pressure, in_flight, LIMIT)
         }
 
-        /// Two readings in a row that see a queue: the second one cuts.
-        fn queue(&mut self, over: f64, in_flight: u32) -> Option<u32> {
-            self.read(Pressure::Queueing { over }, in_flight);
-            self.read(Pressure::Queueing { over }, in_flight)
+        /// A window's ten readings, the first `marked` even ones seeing a queue (never
+        /// two in a row), with the batch using its cap (20 before there is one).
+        fn window(&mut self, marked: usize) -> Option<u32> {
+            let mut cap = self.gate.cap();
+            for n in 0..10 {
+                let pressure = if n % 2 == 0 && n / 2 < marked { QUEUE } else { Pressure::Clear };
+                cap = self.read(pressure, cap.unwrap_or(20));
+            }
+            cap
+        }
+
+        fn exact_cap(&self) -> f64 {
+            self.gate.cap.expect("a cap")
         }
     }
 
     #[test]
-    fn a_queue_two_readings_see_cuts_under_the_lines_in_flight_by_a_tenth_or_by_what_waits() {
-        let cases = [
-            // (in flight, requests waiting past the threshold, cap)
-            (20, 0.0, 18),
-            (20, 1.0, 18),
-            (20, 5.0, 15),
-            (20, 2.5, 17),
-            (20, 30.0, 0),
-            (5, 0.0, 4),
-            (1, 0.0, 0),
-            (0, 0.0, 0),
-        ];
-        for (in_flight, over, cap) in cases {
-            let mut readings = Readings::new();
-            assert_eq!(readings.queue(over, in_flight), Some(cap), "{in_flight} in flight, {over} over");
-        }
-        // Of two readings, the smaller queue counts.
-        let mut readings = Readings::new();
-        readings.read(Pressure::Queueing { over: 9.0 }, 20);
-        assert_eq!(readings.read(Pressure::Queueing { over: 4.0 }, 20), Some(16));
-    }
-
-    #[test]
-    fn nothing_is_held_until_something_queues_and_one_reading_only_stops_new_lines() {
+    fn nothing_is_held_until_something_queues_then_the_batch_stops_growing() {
         let mut readings = Readings::new();
         for in_flight in [0, 10, 64, 200] {
             assert_eq!(readings.read(Pressure::Clear, in_flight), None);
         }
-        // A request waiting for the server's next step, seen once: no cut.
-        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(10));
-        assert_eq!(readings.read(Pressure::Clear, 10), Some(10), "growing again");
-        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(10));
-        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 10), Some(7), "seen twice: cut, by the 3 waiting");
+        assert_eq!(readings.read(QUEUE, 20), Some(20), "capped at the lines in flight");
+        for _ in 0..5 {
+            assert_eq!(readings.read(Pressure::Clear, 20), Some(20), "no growth in a window that saw a queue");
+        }
+        // Nothing in flight when users queue: no batch line is sent.
+        let mut readings = Readings::new();
+        assert_eq!(readings.read(QUEUE, 0), Some(0));
     }
 
     #[test]
-    fn a_queue_that_stays_cuts_again_only_once_the_batch_came_down_to_the_cap() {
+    fn a_window_that_saw_a_queue_cuts_by_half_the_moving_share_of_readings_that_did() {
         let mut readings = Readings::new();
-        assert_eq!(readings.queue(0.0, 20), Some(18));
-        // Lines still finishing: the cut already made is what takes effect.
-        assert_eq!(readings.read(QUEUE, 20), Some(18));
-        assert_eq!(readings.read(QUEUE, 19), Some(18));
-        assert_eq!(readings.read(QUEUE, 18), Some(16), "down to the cap: a tenth of it, floored");
-        assert_eq!(readings.read(QUEUE, 16), Some(14));
+        readings.read(Pressure::Clear, 20);
+        readings.window(1);
+        // alpha starts at 1 and takes in a tenth of marked readings at a quarter's weight:
+        // 0.775; the cut is half of it (then two readings grow it by 0.05 each).
+        readings.read(Pressure::Clear, 20);
+        let first = readings.exact_cap();
+        assert!((first - (20.0 * (1.0 - 0.775 / 2.0) + 0.1)).abs() < 1e-9, "{first}");
+        // Nine calm windows later alpha is 0.775 × 0.75⁹ = 0.058: a mark costs a few percent.
+        for _ in 0..9 {
+            readings.window(0);
+        }
+        let before = readings.exact_cap();
+        readings.window(1);
+        readings.read(Pressure::Clear, before as u32);
+        let after = readings.exact_cap();
+        let alpha = 0.775 * 0.75_f64.powi(10) * 0.75 + 0.025;
+        let expected = before * (1.0 - alpha / 2.0) + 0.05;
+        assert!((after - expected).abs() < 0.1, "{before} → {after}, want {expected}");
+        assert!(after > before * 0.95, "{before} → {after}");
+        // A queue half the readings see, window after window, cuts deeper each time as
+        // alpha climbs towards a half: the cap loses three quarters in 8 s.
+        let mut caps = vec![readings.gate.cap().unwrap()];
+        for _ in 0..8 {
+            caps.push(readings.window(5).unwrap());
+        }
+        assert!(caps.windows(2).all(|w| w[1] < w[0]), "{caps:?}");
+        assert!(caps[8] * 4 <= caps[0], "{caps:?}");
+    }
+
+    #[test]
+    fn users_waiting_in_two_readings_in_a_row_take_their_room_at_once_and_only_once() {
+        let mut readings = Readings::new();
+        readings.read(Pressure::Clear, 20);
+        assert_eq!(readings.read(Pressure::Queueing { over: 5.0 }, 20), Some(20));
+        assert_eq!(readings.read(Pressure::Queueing { over: 2.5 }, 20), Some(17), "the smaller of the two, rounded up");
+        // Lines over the cap still finishing: that cut takes effect, no other.
+        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 19), Some(17));
+        assert_eq!(readings.read(Pressure::Queueing { over: 3.0 }, 17), Some(14), "down to the cap: cut again");
         // Users alone fill the server: the batch holds entirely.
         let mut in_flight = 14;
         for _ in 0..40 {
-            in_flight = readings.read(QUEUE, in_flight).unwrap();
+            in_flight = readings.read(Pressure::Queueing { over: 2.0 }, in_flight).unwrap();
         }
         assert_eq!(in_flight, 0);
     }
 
     #[test]
-    fn a_drained_queue_grows_the_cap_back_fast_then_probes_slowly_then_lifts_it() {
+    fn without_queues_the_cap_grows_while_used_faster_the_longer_it_is_calm_then_is_lifted() {
         let mut readings = Readings::new();
-        assert_eq!(readings.queue(5.0, 20), Some(15));
-        // The gap to the 20 in flight when the queue began closes fast: 10 a second at first.
-        assert_eq!(readings.read(Pressure::Clear, 15), Some(17));
-        assert_eq!(readings.read(Pressure::Clear, 17), Some(18));
-        // A batch with fewer lines left than the cap does not grow it.
+        assert_eq!(readings.read(QUEUE, 10), Some(10));
+        for _ in 0..9 {
+            readings.read(Pressure::Clear, 10);
+        }
+        // The window closes with a cut; a batch with fewer lines left than the cap does
+        // not grow it.
+        let cut = readings.read(Pressure::Clear, 1).unwrap();
+        assert_eq!(cut, 6);
         for _ in 0..20 {
-            assert_eq!(readings.read(Pressure::Clear, 3), Some(18));
+            assert_eq!(readings.read(Pressure::Clear, 1), Some(cut));
         }
-        let mut cap = 18;
-        let mut readings_to_lift = 0;
-        while let Some(now) = readings.read(Pressure::Clear, cap) {
-            assert!(now >= cap);
-            cap = now;
-            readings_to_lift += 1;
+        // Used, it grows half a line a second until 5 s after the queue, then faster.
+        let start = readings.exact_cap();
+        readings.window(0);
+        let grown = readings.exact_cap() - start;
+        assert!((grown - 0.5).abs() < 1e-9, "{grown}");
+        let mut seconds = 1;
+        while readings.window(0).is_some() {
+            seconds += 1;
         }
-        // Past 20, half a line a second up to the limit of 64: some 90 s, 4 readings a second.
-        assert!((340..=370).contains(&readings_to_lift), "{readings_to_lift}");
+        // Some 30 s to the limit of 64; at half a line a second it would take two minutes.
+        assert!((25..=40).contains(&seconds), "{seconds} s from {cut} to {LIMIT}");
     }
 
     #[test]
-    fn a_stalled_loop_grows_the_cap_by_one_gap_at_most() {
+    fn a_stalled_loop_grows_the_cap_by_one_gap_at_the_fastest_pace_at_most() {
         let mut gate = Gate::default();
         let start = Instant::now();
-        gate.read(start, QUEUE, 10, LIMIT);
-        assert_eq!(gate.read(start, QUEUE, 10, LIMIT), Some(9));
-        assert_eq!(gate.read(start + Duration::from_secs(60), Pressure::Clear, 9, LIMIT), Some(11));
+        assert_eq!(gate.read(start, QUEUE, 10, LIMIT), Some(10));
+        // An hour later: the window's cut (its one reading saw a queue: alpha stays 1,
+        // the cap halves), then one second's growth at ten times the pace.
+        let later = start + Duration::from_secs(3600);
+        assert_eq!(gate.read(later, Pressure::Clear, 10, LIMIT), Some(10));
+        assert!((gate.cap.unwrap() - (5.0 + PROBE_PER_SEC * MAX_SPEEDUP)).abs() < 1e-9);
     }
 }

@@ -16,7 +16,10 @@
 //!   is ordered by the request's `priority` (lower first, default 0), then arrival; a
 //!   waiting request that cannot be admitted preempts a running one of a worse priority.
 //! - `/metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//!   `vllm:kv_cache_usage_perc` (0..1) and `vllm:generation_tokens_total`.
+//!   `vllm:kv_cache_usage_perc` (0..1) and `vllm:generation_tokens_total`. The gauges are
+//!   what vLLM publishes: a snapshot the engine takes each step, once it has admitted
+//!   what fits (vLLM's scheduler stats). A request counts as waiting only when the engine
+//!   could not take it; one that arrived since the last step and joins the next is not seen.
 //!
 //! Usage: `Simulator::start(SimConfig::default()).await` gives a server on 127.0.0.1;
 //! [`Simulator::stats`] counts what it generated, by the `priority` requests carried.
@@ -112,6 +115,16 @@ struct Engine {
     running: Vec<Sequence>,
     arrivals: u64,
     stats: SimStats,
+    /// The gauges `/metrics` shows, as of the last step.
+    published: Gauges,
+}
+
+/// What the engine published after its last scheduling pass.
+#[derive(Clone, Copy, Default)]
+struct Gauges {
+    running: usize,
+    waiting: usize,
+    kv_used: u64,
 }
 
 impl Engine {
@@ -134,6 +147,12 @@ impl Engine {
         } else {
             self.waiting.push_back(sequence);
         }
+    }
+
+    /// Admits what fits, then publishes the gauges (what vLLM's scheduler stats say).
+    fn schedule(&mut self, config: &SimConfig) {
+        self.admit(config);
+        self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
     }
 
     /// Moves waiting requests into the batch while room and cache allow.
@@ -253,7 +272,7 @@ async fn run(shared: Arc<Shared>) {
     loop {
         let running = {
             let mut engine = shared.engine.lock().expect("engine");
-            engine.admit(config);
+            engine.schedule(config);
             engine.running.len()
         };
         if running == 0 {
@@ -311,7 +330,8 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let engine = shared.engine.lock().expect("engine");
-    let usage = engine.kv_used() as f64 / shared.config.kv_capacity as f64;
+    let gauges = engine.published;
+    let usage = gauges.kv_used as f64 / shared.config.kv_capacity as f64;
     let tokens: u64 = engine.stats.tokens.values().sum();
     let text = format!(
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
@@ -326,8 +346,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
          # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
          # TYPE vllm:generation_tokens_total counter\n\
          vllm:generation_tokens_total{{model_name=\"sim\"}} {tokens}\n",
-        engine.running.len(),
-        engine.waiting.len(),
+        gauges.running, gauges.waiting,
     );
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
