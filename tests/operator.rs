@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::TestS3;
+use common::client::{Client, ids, input};
 use common::cluster::{Kubelet, TestCluster, eventually};
 use common::process::{Process, spawn};
 use common::proxy::Partition;
@@ -163,20 +164,7 @@ impl Operator {
             .await;
         }
 
-        // A project whose key is held as a SHA-256 hash in a Secret.
-        let secret = Secret {
-            metadata: ObjectMeta { name: Some("demo-key".into()), ..ObjectMeta::default() },
-            string_data: Some([("sha256".to_owned(), hex::encode(nightshift::auth::sha256(common::KEY)))].into()),
-            ..Secret::default()
-        };
-        Api::<Secret>::namespaced(client.clone(), NS).create(&PostParams::default(), &secret).await.unwrap();
-        let project: ProjectResource = serde_json::from_value(json!({
-            "apiVersion": "nightshift.dev/v1alpha1", "kind": "Project",
-            "metadata": {"name": "demo"},
-            "spec": {"id": common::PROJECT, "api_keys": [{"secret_name": "demo-key"}]},
-        }))
-        .unwrap();
-        Api::<ProjectResource>::namespaced(client.clone(), NS).create(&PostParams::default(), &project).await.unwrap();
+        create_project(&client, "demo", common::PROJECT, common::KEY).await;
 
         let api_token = bind_role(&cluster, "nightshift-api", rbac::api_rules()).await;
         let controller_token = bind_role(&cluster, "nightshift-controller", rbac::controller_rules()).await;
@@ -386,6 +374,23 @@ impl Operator {
     }
 }
 
+/// A Project `name` with the id `id`, its `key` held as a SHA-256 hash in a Secret.
+async fn create_project(client: &kube::Client, name: &str, id: &str, key: &str) {
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some(format!("{name}-key")), ..ObjectMeta::default() },
+        string_data: Some([("sha256".to_owned(), hex::encode(nightshift::auth::sha256(key)))].into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), NS).create(&PostParams::default(), &secret).await.unwrap();
+    let project: ProjectResource = serde_json::from_value(json!({
+        "apiVersion": "nightshift.dev/v1alpha1", "kind": "Project",
+        "metadata": {"name": name},
+        "spec": {"id": id, "api_keys": [{"secret_name": format!("{name}-key")}]},
+    }))
+    .unwrap();
+    Api::<ProjectResource>::namespaced(client.clone(), NS).create(&PostParams::default(), &project).await.unwrap();
+}
+
 fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
     let output = Command::new(kubectl).arg("--kubeconfig").arg(cluster.kubeconfig_path()).args(args).output().unwrap();
@@ -440,7 +445,7 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
 
     // Conditions, as for Jobs: `kubectl wait` on a completed batch and on a refused one.
     operator.kubectl(&["wait", "-n", NS, "--for=condition=Complete", "--timeout=30s", short.trim()]);
-    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let refused = client.upload(b"{\"custom_id\": 1}\n".to_vec()).await;
     let (status, body) = client.try_create(&refused).await;
     assert_eq!(status, 400, "{body}");
@@ -595,7 +600,7 @@ async fn the_controller_restarted_mid_batch_loses_nothing_and_a_standby_takes_ov
     drop(operator.controller.take());
     let _standby = tokio::task::spawn_blocking(move || standby.join().unwrap()).await.unwrap();
 
-    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
     let custom_ids: Vec<String> = (0..40).map(|n| format!("line-{n}")).collect();
     let results = client.results(&batch, &custom_ids).await;
@@ -647,7 +652,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_a_standby_leads(
     eprintln!("[partition] cut; controller-a stepped down at {stepped_down}; controller-b led at {took_over}");
     assert!(stepped_down < took_over, "controller-a stepped down at {stepped_down}, controller-b led at {took_over}");
 
-    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
     assert_eq!(batch["status"], "completed", "the new leader finishes the batch: {batch}");
     assert_eq!(batch["request_counts"]["completed"], 40);
@@ -675,6 +680,65 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
         async move { store.list("control/").await.unwrap().is_empty().then_some(()) }
     })
     .await;
+}
+
+/// `max_running_shards` is shared between projects, not taken first come, first served:
+/// a small batch of another project starts its shard as soon as a slot frees, instead
+/// of after every shard of a huge batch created before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_batch_of_another_project_gets_a_job_slot_before_a_huge_batch_takes_them_all() {
+    let operator = Operator::start_with(5, Duration::from_millis(150), 16, IMAGE, "  max_running_shards: 2\n").await;
+    create_project(&operator.cluster.client().await, "other", common::OTHER_PROJECT, common::OTHER_KEY).await;
+    let huge = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let started = std::time::Instant::now();
+    let small = Client::new(&operator.api_url, common::OTHER_PROJECT, common::OTHER_KEY);
+    let huge_batch = huge.create(&huge.upload(input(&ids("huge", 60), "mock-a")).await).await;
+    let huge_id = nightshift::ids::BatchId::parse(huge_batch["id"].as_str().unwrap()).unwrap();
+    eventually("the huge batch's Jobs in both slots", 60, || async {
+        (operator.jobs().await.len() >= 2).then_some(())
+    })
+    .await;
+    // The API learns of the new Project from its watch.
+    let file = eventually("the other project's key accepted", 30, || async {
+        let (status, file) = small.try_upload(input(&ids("small", 5), "mock-a")).await;
+        (status == 200).then(|| file["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    let small_batch = small.create(&file).await;
+    let done = small.wait_terminal(small_batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(done["request_counts"]["completed"], 5, "{done}");
+    let huge_jobs: Vec<Job> = operator
+        .jobs()
+        .await
+        .into_iter()
+        .filter(|job| job.metadata.owner_references.as_ref().unwrap()[0].name == resource_name(&huge_id))
+        .collect();
+    let succeeded = huge_jobs.iter().filter(|job| job.status.as_ref().and_then(|s| s.succeeded) == Some(1)).count();
+    eprintln!(
+        "[admission] the small batch done after {:?}, while {succeeded} of the huge batch's 12 Jobs had succeeded",
+        started.elapsed()
+    );
+    // First come, first served (`scheduling: fifo`) it waits for 10 of the 12 to start:
+    // all 12 are done by then.
+    assert!(succeeded <= 6, "{succeeded} of the huge batch's Jobs done before the small one's");
+}
+
+/// A batch that at its pace so far would end after its window says so in a Warning
+/// Event, with the projected time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_projected_to_miss_its_window_raises_a_warning_event() {
+    // 40 lines one at a time, 400 ms each: some 16 s, in a window of 8.
+    let operator = Operator::start_with(100, Duration::from_millis(400), 1, IMAGE, "  completion_window: 8s\n").await;
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.create(&client.upload(input(&ids("slow", 40), "mock-a")).await).await;
+    let id = nightshift::ids::BatchId::parse(batch["id"].as_str().unwrap()).unwrap();
+    let message = operator.warning("WillMissWindow", &resource_name(&id)).await;
+    assert!(message.starts_with("at its pace so far the batch ends at "), "{message}");
+    assert!(message.contains("after its window closes at"), "{message}");
+    let ended = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(ended["status"], "expired", "{ended}");
+    let counts = &ended["request_counts"];
+    assert!(counts["completed"].as_u64().unwrap() < 40, "{ended}");
 }
 
 /// A project's quota is shared by its running worker pods, not copied to each: spend
@@ -735,7 +799,7 @@ async fn the_controllers_line_and_token_counters_add_up_to_the_batchs_counts() {
     })
     .await;
     assert!(during <= 40.0, "{during}");
-    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
     assert_eq!(batch["status"], "completed", "{batch}");
     let after = eventually("every line counted", 30, || async {
@@ -1024,7 +1088,7 @@ async fn one_idempotency_key_sent_to_two_api_replicas_makes_one_batch() {
             .header("x-api-key", common::KEY)
             .header("idempotency-key", format!("two-replicas{}", path.replace('/', "-")))
     };
-    let input = common::client::input(&common::client::ids("idem", 3), "echo");
+    let input = input(&ids("idem", 3), "echo");
     let mut files = std::collections::HashSet::new();
     for url in urls.iter().chain(&urls) {
         let form = reqwest::multipart::Form::new()
@@ -1048,7 +1112,7 @@ async fn one_idempotency_key_sent_to_two_api_replicas_makes_one_batch() {
     assert_eq!(conflict["error"]["code"], "idempotency_key_reused", "{conflict}");
     let listed = kubectl(&operator.cluster, &["get", "batches", "-n", NS, "-o", "name"]);
     assert_eq!(listed.lines().count(), 1, "{listed}");
-    let client = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let finished = client.wait_terminal(batches.iter().next().unwrap(), Duration::from_secs(120)).await;
     assert_eq!(finished["status"], "completed", "{finished}");
     assert_eq!(finished["request_counts"]["completed"], 3, "{finished}");
@@ -1070,8 +1134,8 @@ async fn a_projects_webhook_gets_its_batch_event_from_the_controller() {
     Api::<Secret>::namespaced(client, NS).create(&PostParams::default(), &secret).await.unwrap();
     operator.patch_project(json!({"webhooks": [{"url": receiver.url, "secret_name": "demo-webhook"}]}));
 
-    let api = common::client::Client::new(&operator.api_url, common::PROJECT, common::KEY);
-    let file = api.upload(common::client::input(&common::client::ids("hook", 5), "mock-a")).await;
+    let api = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let file = api.upload(input(&ids("hook", 5), "mock-a")).await;
     let batch = api.create(&file).await;
     let id = batch["id"].as_str().unwrap();
     let done = api.wait_terminal(id, Duration::from_secs(120)).await;

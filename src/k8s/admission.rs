@@ -18,26 +18,25 @@ use crate::config::Scheduling;
 use crate::drive::WorkerPhase;
 use crate::schedule::{Candidate, allot, allot_in_order};
 
-/// How many shard Jobs `batch` (a Batch's name) may run now, of `slots` over the
-/// installation; `weights` by project id (1 if missing).
+/// How many shard Jobs `ours` (the Batch being driven) may run now, of `slots` over the
+/// installation, beside the other in-progress Batches of the cache; `weights` by
+/// project id (1 if missing). Ours counts whatever the cache says of it: it may have
+/// gone in progress in this very pass, and a Batch the cache has not caught up with must
+/// not start Jobs past the others' shares.
 pub fn share(
-    batch: &str,
+    ours: &BatchResource,
     batches: &[Arc<BatchResource>],
     jobs: &[Arc<Job>],
     weights: &HashMap<String, u32>,
     scheduling: Scheduling,
     slots: usize,
 ) -> usize {
-    let running: Vec<&Arc<BatchResource>> = batches
-        .iter()
-        .filter(|b| b.status.as_ref().is_some_and(|s| s.status == Status::InProgress && s.ending.is_none()))
-        .collect();
-    let Some(ours) = running.iter().position(|b| b.name_any() == batch) else {
-        // Not in the cache as in progress yet: only the free slots bound it.
-        return slots;
-    };
-    let candidates: Vec<Candidate<String>> = running
-        .iter()
+    let name = ours.name_any();
+    let in_progress =
+        |b: &BatchResource| b.status.as_ref().is_some_and(|s| s.status == Status::InProgress && s.ending.is_none());
+    let others = batches.iter().map(|b| b.as_ref()).filter(|b| b.name_any() != name && in_progress(b));
+    let candidates: Vec<Candidate<String>> = others
+        .chain(std::iter::once(ours))
         .map(|resource| {
             let spec = &resource.spec.batch;
             let name = resource.name_any();
@@ -62,7 +61,7 @@ pub fn share(
         Scheduling::Fair => allot(slots, &candidates),
         Scheduling::Fifo => allot_in_order(slots, &candidates),
     };
-    shares[ours]
+    shares[candidates.len() - 1]
 }
 
 #[cfg(test)]
@@ -121,7 +120,7 @@ mod tests {
         let batches = [big.clone(), small.clone()];
         let jobs: Vec<Arc<Job>> = (0..4).map(|i| job(&big, i, false)).collect();
         let weights = HashMap::new();
-        let of = |batch: &BatchResource, scheduling| share(&batch.name_any(), &batches, &jobs, &weights, scheduling, 4);
+        let of = |batch: &BatchResource, scheduling| share(batch, &batches, &jobs, &weights, scheduling, 4);
         let fair = (of(&big, Scheduling::Fair), of(&small, Scheduling::Fair));
         assert_eq!(fair, (3, 1), "the big one keeps 3 of its 4, the next free slot is the small one's");
         let fifo = (of(&big, Scheduling::Fifo), of(&small, Scheduling::Fifo));
@@ -135,9 +134,7 @@ mod tests {
         let second = batch(&b, 20, 200);
         let batches = [first.clone(), second.clone()];
         let weights: HashMap<String, u32> = [(b.to_string(), 3)].into();
-        let of = |batch: &BatchResource, jobs: &[Arc<Job>]| {
-            share(&batch.name_any(), &batches, jobs, &weights, Scheduling::Fair, 8)
-        };
+        let of = |batch: &BatchResource, jobs: &[Arc<Job>]| share(batch, &batches, jobs, &weights, Scheduling::Fair, 8);
         assert_eq!((of(&first, &[]), of(&second, &[])), (2, 6), "weights 1 and 3");
         // 19 of the second's shards are done: one is left, and the first takes the rest.
         let done: Vec<Arc<Job>> = (0..19).map(|i| job(&second, i, true)).collect();
@@ -145,15 +142,20 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_not_in_progress_in_the_cache_is_bound_by_the_free_slots_alone() {
+    fn the_batch_driven_counts_with_the_others_whatever_the_cache_says_of_it() {
         let project = ProjectId::generate();
-        let mut ending = (*batch(&project, 4, 100)).clone();
+        let first = batch(&project, 4, 100);
+        let mut ending = (*batch(&project, 4, 50)).clone();
         ending.status = Some(BatchState::failed(100, Vec::new()));
-        let other = batch(&project, 4, 200);
-        let batches = [Arc::new(ending.clone()), other.clone()];
-        let of = |name: &str| share(name, &batches, &[], &HashMap::new(), Scheduling::Fair, 5);
-        assert_eq!(of(&ending.name_any()), 5);
-        assert_eq!(of("batch-unknown"), 5);
-        assert_eq!(of(&other.name_any()), 4, "it has 4 shards");
+        // Just gone in progress: the cache has it without a status yet, or not at all.
+        let mut newcomer = (*batch(&project, 4, 200)).clone();
+        newcomer.status = None;
+        let cached = [Arc::new(ending.clone()), first.clone(), Arc::new(newcomer.clone())];
+        let of = |batch: &BatchResource, batches: &[Arc<BatchResource>]| {
+            share(batch, batches, &[], &HashMap::new(), Scheduling::Fifo, 5)
+        };
+        assert_eq!(of(&newcomer, &cached), 1, "after the 4 of the first, not the 5 free");
+        assert_eq!(of(&newcomer, &cached[..2]), 1);
+        assert_eq!(of(&first, &cached), 4, "it has 4 shards; the ending one counts for nothing");
     }
 }

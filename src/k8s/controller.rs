@@ -95,15 +95,14 @@ pub struct Context {
 const CREATED_UNSEEN: Duration = Duration::from_secs(30);
 
 impl Context {
-    /// Shard Jobs that may be running now: started and not finished, in the cache or
-    /// just created.
+    /// Shard Jobs that may be running now: started and not finished in the cache, or
+    /// just created and not in it yet (once it has them, it says whether they run: a
+    /// Job that finished frees its slot at once).
     fn running_jobs(&self) -> usize {
-        let mut names: std::collections::HashSet<String> =
-            self.jobs.state().iter().filter(|job| is_running_worker(job)).map(|job| job.name_any()).collect();
+        let jobs = self.jobs.state();
         let mut created = self.created.lock().expect("created");
-        created.retain(|_, at| at.elapsed() < CREATED_UNSEEN);
-        names.extend(created.keys().cloned());
-        names.len()
+        created.retain(|name, at| at.elapsed() < CREATED_UNSEEN && !jobs.iter().any(|job| job.name_any() == *name));
+        jobs.iter().filter(|job| is_running_worker(job)).count() + created.len()
     }
 
     /// Each Project's weight (1 to 1000), by project id.
@@ -391,8 +390,8 @@ impl Runtime for KubeRuntime<'_> {
         let ctx = self.ctx;
         let free = ctx.max_running_shards.saturating_sub(ctx.running_jobs());
         let (batches, jobs) = (ctx.batch_cache.state(), ctx.jobs.state());
-        let name = self.resource().name_any();
-        let share = share(&name, &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards);
+        let share =
+            share(&self.resource(), &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards);
         let ours = self.jobs.iter().filter(|job| is_running_worker(job)).count();
         Some(free.min(share.saturating_sub(ours)))
     }
