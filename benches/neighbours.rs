@@ -13,8 +13,9 @@
 //! 100,000 files over HTTP would measure uploads). Knobs: `BENCH_FILES` (default 100000),
 //! `BENCH_SAMPLES` (requests per measurement, default 400).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+#[path = "common/serve.rs"]
+mod serve;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,7 +28,10 @@ use nightshift::storage::{DirStore, ObjectStore};
 
 const BIG: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
 const SMALL: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
-const KEY: &str = "bench-key";
+/// Each project's API key (a key belongs to one project).
+fn key(project: &str) -> &'static str {
+    if project == BIG { "big-bench-key" } else { "small-bench-key" }
+}
 const NOISY_CONNECTIONS: usize = 8;
 
 struct Percentiles {
@@ -85,7 +89,8 @@ async fn sample(client: &reqwest::Client, url: &str, project: &str) -> Percentil
     let mut samples = Vec::with_capacity(self::samples());
     for _ in 0..self::samples() {
         let started = Instant::now();
-        let response = client.get(url).header("x-project-id", project).header("x-api-key", KEY).send().await.unwrap();
+        let response =
+            client.get(url).header("x-project-id", project).header("x-api-key", key(project)).send().await.unwrap();
         assert!(response.status().is_success(), "{url}: {}", response.status());
         response.bytes().await.unwrap();
         samples.push(started.elapsed());
@@ -93,47 +98,25 @@ async fn sample(client: &reqwest::Client, url: &str, project: &str) -> Percentil
     percentiles(samples)
 }
 
-struct Serve(std::process::Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts serve over `data`; the big project's rate limit is `big_limit` a minute, else
 /// the default. Returns its URL once its first garbage collection is done.
-fn start_serve(work: &std::path::Path, data: &std::path::Path, big_limit: Option<u32>) -> (String, Serve) {
+fn start_serve(work: &std::path::Path, data: &std::path::Path, big_limit: Option<u32>) -> (String, serve::Process) {
     let config = work.join("nightshift.yaml");
     let limit = big_limit.map(|n| format!("    rate_limit: {{requests_per_minute: {n}}}\n")).unwrap_or_default();
     std::fs::write(
         &config,
         format!(
-            "projects:\n  - id: {BIG}\n    api_keys: [{{plain: {KEY}}}]\n{limit}  \
-             - id: {SMALL}\n    api_keys: [{{plain: {KEY}}}]\n"
+            "projects:\n  - id: {BIG}\n    api_keys: [{{plain: {}}}]\n{limit}  \
+             - id: {SMALL}\n    api_keys: [{{plain: {}}}]\n",
+            key(BIG),
+            key(SMALL)
         ),
     )
     .unwrap();
-    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new(&nightshift)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
-        .arg(data)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("serve printed its address").unwrap();
-        if let Some(address) = line.strip_prefix("Nightshift listening on ") {
-            break address.trim().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let (process, url) = serve::spawn(&config, data, "warn");
     // The garbage collector's first sweep runs at start; let it finish.
     std::thread::sleep(Duration::from_secs(5));
-    (url, Serve(child))
+    (url, process)
 }
 
 /// The big project listing on [`NOISY_CONNECTIONS`] connections, as fast as answered.
@@ -155,7 +138,7 @@ impl Noise {
                 let list = format!("{url}/v1/files?limit=100&after={}", big[n * big.len() / NOISY_CONNECTIONS]);
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Relaxed) {
-                        let response = client.get(&list).header("x-project-id", BIG).header("x-api-key", KEY);
+                        let response = client.get(&list).header("x-project-id", BIG).header("x-api-key", key(BIG));
                         let response = response.send().await.unwrap();
                         let counter = if response.status() == 429 { &refused } else { &answered };
                         response.bytes().await.unwrap();

@@ -25,12 +25,12 @@
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
 mod interactive;
+#[path = "common/serve.rs"]
+mod serve;
 #[allow(dead_code)]
 #[path = "../tests/common/simulator.rs"]
 mod simulator;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use interactive::{Interactive, Latencies, Pattern};
@@ -54,16 +54,9 @@ fn secs(name: &str, default: u64) -> Duration {
 }
 
 struct Serve {
-    child: Child,
+    _process: serve::Process,
     url: String,
     _work: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Serve {
@@ -77,23 +70,9 @@ impl Serve {
             key(SMALL)
         );
         std::fs::write(&config, format!("{projects}{rest}")).unwrap();
-        let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
-        let mut child = Command::new(&nightshift)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
-            .arg(work.path().join("data"))
-            .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve printed its address").unwrap();
-            if let Some(address) = line.strip_prefix("Nightshift listening on ") {
-                break address.trim().to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, url, _work: work }
+        let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into());
+        let (process, url) = serve::spawn(&config, &work.path().join("data"), &log);
+        Self { _process: process, url, _work: work }
     }
 
     fn auth(&self, request: reqwest::RequestBuilder, project: &str) -> reqwest::RequestBuilder {

@@ -1,0 +1,38 @@
+//! `nightshift serve` as the benches run it: the release build in a child process,
+//! stopped when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A running `serve`; killed on drop.
+pub struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `serve` with `config` over `data` and `RUST_LOG=log`; returns once it listens,
+/// with its URL (the rest of its output is drained).
+pub fn spawn(config: &Path, data: &Path, log: &str) -> (Process, String) {
+    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new(&nightshift)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+        .arg(data)
+        .env("RUST_LOG", log)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve printed its address").unwrap();
+        if let Some(address) = line.strip_prefix("Nightshift listening on ") {
+            break address.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Process(child), url)
+}
