@@ -180,24 +180,46 @@ async fn sweep() {
 /// (`None`: no batch).
 async fn with_users(extra: Option<&str>, pattern: Pattern, priority_scheduling: bool) -> (Latencies, f64, f64) {
     let sim = Simulator::start(SimConfig { priority_scheduling, ..SimConfig::default() }).await;
+    // Users come from the start: what is measured is a batch beside them, after the
+    // warm-up (the batch arriving at their server, and finding its place).
+    let users = Interactive::start(&sim.url, pattern, INTERACTIVE_TOKENS);
     let serve = match extra {
         Some(extra) => {
             let extra = extra.replace("{metrics}", &sim.metrics_url());
             let serve = Serve::start(&upstream(&sim, &extra));
             serve.submit(BIG, 20_000).await;
-            tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
             Some(serve)
         }
         None => None,
     };
+    tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
+    users.measure_from_now();
+    let waited_before = sim.stats().waited.get(&0).map_or(0, Vec::len);
     let before = batch_tokens(&sim);
-    let users = Interactive::start(&sim.url, pattern, INTERACTIVE_TOKENS);
     tokio::time::sleep(secs("BENCH_MEASURE_SECS", 20)).await;
     let (_, elapsed) = users.so_far();
     let batch = (batch_tokens(&sim) - before) as f64 / elapsed.as_secs_f64();
     let latencies = users.stop().await;
     let interactive = latencies.tokens as f64 / elapsed.as_secs_f64();
     drop(serve);
+    if std::env::var_os("BENCH_WAITS").is_some() {
+        let mut waited: Vec<f64> = sim
+            .stats()
+            .waited
+            .get(&0)
+            .map_or(&[][..], |w| &w[waited_before..])
+            .iter()
+            .map(Duration::as_secs_f64)
+            .collect();
+        waited.sort_by(f64::total_cmp);
+        let queued = waited.iter().filter(|w| **w > 0.001).count();
+        let worst: Vec<String> = waited.iter().rev().take(8).map(|w| format!("{:.0}", w * 1000.0)).collect();
+        println!(
+            "  users' waits in the server's queue: {queued} of {} over 1 ms; the longest {} ms",
+            waited.len(),
+            worst.join(", ")
+        );
+    }
     (latencies, batch, interactive)
 }
 

@@ -16,6 +16,7 @@ use common::client::{Client, ids, input};
 use common::cluster::{Kubelet, TestCluster, eventually};
 use common::process::{Process, spawn};
 use common::proxy::Partition;
+use common::simulator::{SimConfig, Simulator};
 use common::sts::Sts;
 use common::upstream::MockUpstream;
 use k8s_openapi::api::batch::v1::Job;
@@ -25,6 +26,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::core::CustomResourceExt;
+use nightshift::grants::Grant;
 use nightshift::k8s::crd::{BATCH_LABEL, BatchResource, ProjectResource, resource_name};
 use nightshift::k8s::rbac;
 use serde_json::{Value, json};
@@ -130,17 +132,20 @@ impl Operator {
         worker_image: &str,
         batches: &str,
     ) -> Self {
-        Self::start_full(shard_lines, upstream_delay, concurrency, worker_image, batches, false).await
+        Self::start_full(shard_lines, upstream_delay, concurrency, worker_image, batches, "", false).await
     }
 
-    /// With `web_identity`, every role (api, controller, worker pods) reaches S3 as IRSA
+    /// `upstreams` is YAML appended to the `upstreams:` section (after the mock's). With
+    /// `web_identity`, every role (api, controller, worker pods) reaches S3 as IRSA
     /// would have it: a token file and a role, traded at an STS stand-in for keys.
+    #[allow(clippy::too_many_arguments)]
     async fn start_full(
         shard_lines: u32,
         upstream_delay: Duration,
         concurrency: usize,
         worker_image: &str,
         batches: &str,
+        upstreams: &str,
         web_identity: bool,
     ) -> Self {
         let cluster = TestCluster::start().await;
@@ -205,7 +210,7 @@ impl Operator {
             &config,
             format!(
                 "storage:\n  s3: {{bucket: {bucket}, endpoint: \"{endpoint}\", path_style: true}}\n\
-                 upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n\
+                 upstreams:\n  - name: mock\n    base_url: {upstream}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    retry_base_delay: 20ms\n{upstreams}\
                  batches:\n  shard_lines: {shard_lines}\n  checkpoint_interval: 100ms\n  cancel_grace: 5s\n{batches}\
                  webhooks:\n  allowed_hosts: [127.0.0.1]\n\
                  kubernetes:\n  namespace: {NS}\n  worker:\n    image: \"{worker_image}\"\n    config_path: {config}\n    backoff_limit: {backoff}\n    env:\n\
@@ -682,6 +687,49 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
     .await;
 }
 
+/// An adaptive upstream's limit is the installation's: the controller finds it from what
+/// every worker pod reports and divides it among them, and each pod reads the server's
+/// load signal and takes its part of the room there. Four pods at once against a server
+/// that decodes 8 sequences at a time keep its queue short; each pod with a quarter of
+/// the ceiling of 512 would queue hundreds of lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worker_pods() {
+    let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
+    let sim = Simulator::start(server).await;
+    let upstream = format!(
+        "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    max_concurrency: 512\n    \
+         load_signal: {{url: \"{url}/metrics\"}}\n",
+        url = sim.url
+    );
+    let operator =
+        Operator::start_full(400, Duration::ZERO, 16, IMAGE, "  max_running_shards: 4\n", &upstream, false).await;
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.create(&client.upload(input(&ids("line", 1600), "sim-a")).await).await;
+    // While the four shards run, each pod's grant says four send to the server.
+    let store = operator.s3.store();
+    eventually("four pods' grants that say four share the server", 120, || {
+        let store = store.clone();
+        async move {
+            let mut sharing = Vec::new();
+            for key in store.list("control/grants/").await.ok()? {
+                let grant: Grant = serde_json::from_slice(&store.get(&key).await.ok()?).ok()?;
+                sharing.push(grant.sharing.get("sim").copied());
+            }
+            (sharing == [Some(4); 4]).then_some(())
+        }
+    })
+    .await;
+    let done = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(300)).await;
+    assert_eq!(done["request_counts"]["completed"], 1600, "{done}");
+    assert_eq!(operator.jobs().await.len(), 4, "one Job per shard");
+    let (_, limit) = scrape(&operator, "nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await;
+    let stats = sim.stats();
+    eprintln!("[night shift] four pods: installation limit {limit}, peak queue at the server {}", stats.peak_waiting);
+    assert_eq!(stats.finished.values().sum::<u64>(), 1600, "each line once: {stats:?}");
+    assert!(stats.peak_waiting <= 40, "the installation's limit keeps the queue short: {}", stats.peak_waiting);
+    assert!((4.0..=40.0).contains(&limit), "near the batch size of 8, not 512: {limit}");
+}
+
 /// `max_running_shards` is shared between projects, not taken first come, first served:
 /// a small batch of another project starts its shard as soon as a slot frees, instead
 /// of after every shard of a huge batch created before it.
@@ -817,7 +865,7 @@ async fn the_controllers_line_and_token_counters_add_up_to_the_batchs_counts() {
 /// credentials as IRSA gives them, through STS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_reaches_s3_through_web_identity() {
-    let operator = Operator::start_full(10, Duration::from_millis(20), 4, IMAGE, "", true).await;
+    let operator = Operator::start_full(10, Duration::from_millis(20), 4, IMAGE, "", "", true).await;
     let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "30")]));
     check_results(finished.last().unwrap(), 30);
     let calls = operator.sts.as_ref().unwrap().calls();

@@ -1,14 +1,17 @@
 //! The loop that sets an upstream's permits in a process, every [`TICK`]: the ceiling
 //! (`max_concurrency` in `serve`, the controller's grant in a worker pod), the adaptive
 //! limit under it (found here in `serve`; on Kubernetes the grant already is the
-//! controller's share of it), and under that the load signal's cap, cut as soon as
-//! requests queue at the server ([`super::gate`]; each process gates its own lines).
+//! controller's share of it), and under that the load signal's caps: the gate's, cut as
+//! soon as requests queue at the server ([`super::gate`]), and, where the server says
+//! what it runs, the room its other traffic leaves ([`super::headroom`]). Each process
+//! reads the signal and holds its own lines.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
+use super::headroom::{Headroom, Occupancy};
 use super::signals;
 use crate::exec::upstream::Upstream;
 use crate::metrics::METRICS;
@@ -32,6 +35,8 @@ pub enum Mode {
 pub struct Control {
     /// The ceiling a worker pod's grant sets (`Mode::Granted`).
     pub grant: AtomicU32,
+    /// How many worker pods the grant says send to the upstream (`Mode::Granted`).
+    pub sharing: AtomicU32,
 }
 
 /// Runs forever (the caller drops it to stop).
@@ -39,6 +44,9 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
     let limiter = &upstream.limiter;
     let mut governor = Governor::new(upstream.max_concurrency);
     let mut gate = Gate::default();
+    let mut headroom = Headroom::default();
+    // The headroom's cap as of the last reading (none once a reading fails).
+    let mut room: Option<u32> = None;
     let mut next_read = tokio::time::Instant::now();
     let mut warned: Option<tokio::time::Instant> = None;
     let signal_failures = METRICS.load_signal_failures_of(&upstream.name);
@@ -64,8 +72,10 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                 && tokio::time::Instant::now() >= next_read
             {
                 next_read = tokio::time::Instant::now() + signal.every;
-                let pressure = match signals::read(client, signal).await {
-                    Ok(reading) => reading.pressure(signal),
+                let (pressure, occupancy) = match signals::read(client, signal).await {
+                    Ok(reading) => {
+                        (reading.pressure(signal), reading.running.map(|running| (running, reading.waiting)))
+                    }
                     Err(error) => {
                         // Batches go on, governed by throughput alone.
                         signal_failures.inc();
@@ -73,15 +83,23 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                             warned = Some(tokio::time::Instant::now());
                             tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
                         }
-                        Pressure::Clear
+                        (Pressure::Clear, None)
                     }
                 };
                 let in_flight = limiter.in_flight();
-                let cap = gate.read(std::time::Instant::now(), pressure, in_flight, limit);
-                tracing::debug!(upstream = %upstream.name, ?pressure, in_flight, ?cap, limit, "load signal read");
+                let now = std::time::Instant::now();
+                let cap = gate.read(now, pressure, in_flight, limit);
+                let ours = upstream.observed.at_upstream();
+                room = occupancy.and_then(|(running, waiting)| {
+                    headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
+                });
+                tracing::debug!(
+                    upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, ?room,
+                    reserve = headroom.reserve(), limit, "load signal read"
+                );
                 held_gauge.set(i64::from(pressure != Pressure::Clear));
             }
-            let target = gate.cap().map_or(limit, |cap| cap.min(limit));
+            let target = [gate.cap(), room].into_iter().flatten().fold(limit, u32::min);
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
         }
@@ -89,5 +107,14 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
     tokio::select! {
         () = limiter.apply() => {}
         () = looping => {}
+    }
+}
+
+/// This process's part of the room at the server: all of it in `serve`; in a worker
+/// pod, an equal part with the other pods sending to the upstream.
+fn share(mode: Mode, upstream: &Upstream) -> f64 {
+    match mode {
+        Mode::Local => 1.0,
+        Mode::Granted => 1.0 / f64::from(upstream.control.sharing.load(Ordering::Relaxed).max(1)),
     }
 }

@@ -8,6 +8,8 @@
 //! - [`signals`]: the server's own metrics, read to see requests queue at it.
 //! - [`gate`]: the cap the load signal sets on batch requests in flight: cut at once
 //!   when requests queue, grown back while they don't (pure).
+//! - [`headroom`]: the cap that leaves the server's other traffic the places it uses,
+//!   and a reserve for what arrives before the next reading (pure).
 //! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
 //! - [`control`]: the loop per upstream in a process (`serve`, a worker pod) that sets
 //!   the upstream's [`crate::exec::limiter::Limiter`] target.
@@ -20,11 +22,12 @@
 pub mod control;
 pub mod gate;
 pub mod governor;
+pub mod headroom;
 pub mod priority;
 pub mod rule;
 pub mod signals;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -60,15 +63,38 @@ impl Counts {
     }
 }
 
-/// [`Counts`] as requests finish, shared by every shard of the process.
+/// [`Counts`] as requests finish, shared by every shard of the process, and the
+/// requests the upstream has now.
 #[derive(Default)]
 pub struct Observed {
     lines: AtomicU64,
     tokens: AtomicU64,
     overloads: AtomicU64,
+    at_upstream: AtomicU32,
+}
+
+/// A request sent and not answered yet, while it lives.
+pub struct AtUpstream<'a>(&'a AtomicU32);
+
+impl Drop for AtUpstream<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Observed {
+    /// Counts a request as the upstream's from now until the guard is dropped (its
+    /// answer came, or it failed). Unlike the permits in flight, this leaves out lines
+    /// being prepared or written back: what the server itself counts as ours.
+    pub fn sending(&self) -> AtUpstream<'_> {
+        self.at_upstream.fetch_add(1, Ordering::Relaxed);
+        AtUpstream(&self.at_upstream)
+    }
+
+    pub fn at_upstream(&self) -> u32 {
+        self.at_upstream.load(Ordering::Relaxed)
+    }
+
     pub fn finished(&self, output_tokens: u64) {
         self.lines.fetch_add(1, Ordering::Relaxed);
         self.tokens.fetch_add(output_tokens, Ordering::Relaxed);

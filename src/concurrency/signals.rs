@@ -45,6 +45,9 @@ pub struct LoadSignalConfig {
     /// The metric of KV-cache usage (0..1), if not the server's usual one.
     #[serde(default)]
     pub kv_cache_metric: Option<String>,
+    /// The metric of requests running, if not the server's usual one.
+    #[serde(default)]
+    pub running_metric: Option<String>,
 }
 
 fn default_every() -> Duration {
@@ -71,7 +74,7 @@ impl LoadSignalConfig {
         if !(self.max_kv_cache_usage > 0.0 && self.max_kv_cache_usage <= 1.0) {
             return Err(format!("{at}.max_kv_cache_usage must be more than 0 and at most 1"));
         }
-        for name in [&self.waiting_metric, &self.kv_cache_metric].into_iter().flatten() {
+        for name in [&self.waiting_metric, &self.kv_cache_metric, &self.running_metric].into_iter().flatten() {
             if name.is_empty() || name.contains(char::is_whitespace) || name.contains('{') {
                 return Err(format!("{at}: {name:?} is not a metric name"));
             }
@@ -96,6 +99,14 @@ impl LoadSignalConfig {
             (None, ServerKind::Sglang) => vec!["sglang:token_usage"],
         }
     }
+
+    fn running_metrics(&self) -> Vec<&str> {
+        match (&self.running_metric, self.server) {
+            (Some(name), _) => vec![name],
+            (None, ServerKind::Vllm) => vec!["vllm:num_requests_running"],
+            (None, ServerKind::Sglang) => vec!["sglang:num_running_reqs"],
+        }
+    }
 }
 
 /// What one reading of the metrics said.
@@ -105,6 +116,8 @@ pub struct Reading {
     pub waiting: f64,
     /// The fullest KV cache, when the server reports one.
     pub kv_cache_usage: Option<f64>,
+    /// Requests running, over every series, when the server reports them.
+    pub running: Option<f64>,
 }
 
 impl Reading {
@@ -126,19 +139,22 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
         .into_iter()
         .find_map(|name| fold(text, name, |a, b| a + b))
         .ok_or_else(|| format!("no {} in the metrics", config.waiting_metrics().join(" or ")))??;
-    let kv_cache_usage = match config.kv_cache_metrics().into_iter().find_map(|name| fold(text, name, f64::max)) {
-        Some(usage) => Some(usage?),
-        None => None,
-    };
-    if !waiting.is_finite() || waiting < 0.0 {
-        return Err(format!("requests waiting is {waiting}"));
+    let kv_cache_usage =
+        config.kv_cache_metrics().into_iter().find_map(|name| fold(text, name, f64::max)).transpose()?;
+    let running = config.running_metrics().into_iter().find_map(|name| fold(text, name, |a, b| a + b)).transpose()?;
+    for (what, count) in [("waiting", Some(waiting)), ("running", running)] {
+        if let Some(count) = count
+            && (!count.is_finite() || count < 0.0)
+        {
+            return Err(format!("requests {what} is {count}"));
+        }
     }
     if let Some(usage) = kv_cache_usage
         && !(0.0..=1.5).contains(&usage)
     {
         return Err(format!("KV-cache usage is {usage}, not a share"));
     }
-    Ok(Reading { waiting, kv_cache_usage })
+    Ok(Reading { waiting, kv_cache_usage, running })
 }
 
 /// The values of every series of `name` (`None`: no series).
@@ -200,19 +216,26 @@ mod tests {
         vllm:num_requests_waiting{model_name=\"b\"} 1.0\n\
         vllm:num_requests_waiting_by_reason{reason=\"x\"} 50\n\
         vllm:kv_cache_usage_perc{model_name=\"a\"} 0.5\n\
-        vllm:kv_cache_usage_perc{model_name=\"b\"} 0.97\n";
+        vllm:kv_cache_usage_perc{model_name=\"b\"} 0.97\n\
+        vllm:num_requests_running{model_name=\"a\"} 30\n\
+        vllm:num_requests_running{model_name=\"b\"} 2\n";
 
     #[test]
     fn readings_of_vllm_sglang_and_named_metrics() {
         let vllm = config("url: http://vllm:8000/metrics");
-        assert_eq!(parse(VLLM, &vllm), Ok(Reading { waiting: 3.0, kv_cache_usage: Some(0.97) }));
+        assert_eq!(parse(VLLM, &vllm), Ok(Reading { waiting: 3.0, kv_cache_usage: Some(0.97), running: Some(32.0) }));
         let old = "vllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.25\n";
-        assert_eq!(parse(old, &vllm), Ok(Reading { waiting: 0.0, kv_cache_usage: Some(0.25) }));
+        assert_eq!(parse(old, &vllm), Ok(Reading { waiting: 0.0, kv_cache_usage: Some(0.25), running: None }));
         let sglang = config("url: http://sglang:30000/metrics\nserver: sglang");
-        let text = "sglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:token_usage{model_name=\"m\"} 0.1\n";
-        assert_eq!(parse(text, &sglang), Ok(Reading { waiting: 4.0, kv_cache_usage: Some(0.1) }));
-        let named = config("url: http://x/metrics\nwaiting_metric: tgi_queue_size");
-        assert_eq!(parse("tgi_queue_size 7\n", &named), Ok(Reading { waiting: 7.0, kv_cache_usage: None }));
+        let text = "sglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:token_usage{model_name=\"m\"} 0.1\n\
+            sglang:num_running_reqs{model_name=\"m\"} 12\n";
+        assert_eq!(parse(text, &sglang), Ok(Reading { waiting: 4.0, kv_cache_usage: Some(0.1), running: Some(12.0) }));
+        let named =
+            config("url: http://x/metrics\nwaiting_metric: tgi_queue_size\nrunning_metric: tgi_batch_current_size");
+        assert_eq!(
+            parse("tgi_queue_size 7\ntgi_batch_current_size 3\n", &named),
+            Ok(Reading { waiting: 7.0, kv_cache_usage: None, running: Some(3.0) })
+        );
     }
 
     #[test]
@@ -226,6 +249,8 @@ mod tests {
             "vllm:num_requests_waiting -1\n",
             "vllm:num_requests_waiting NaN\n",
             "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 97\n",
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running -2\n",
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running +Inf\n",
         ];
         for text in cases {
             assert!(parse(text, &vllm).is_err(), "{text:?}");
@@ -246,7 +271,7 @@ mod tests {
             (2.0, Some(0.995), queueing(2.0), queueing(0.0)),
         ];
         for (waiting, kv_cache_usage, strict_pressure, lenient_pressure) in cases {
-            let reading = Reading { waiting, kv_cache_usage };
+            let reading = Reading { waiting, kv_cache_usage, running: None };
             assert_eq!(
                 (reading.pressure(&strict), reading.pressure(&lenient)),
                 (strict_pressure, lenient_pressure),

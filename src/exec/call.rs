@@ -107,7 +107,9 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
             METRICS.upstream_retry(&upstream.name);
         }
         let started = std::time::Instant::now();
+        let at_upstream = upstream.observed.sending();
         let sent = request.send().await;
+        drop(at_upstream);
         upstream.latency.observe(started.elapsed().as_secs_f64());
         match sent {
             Ok(response) => {

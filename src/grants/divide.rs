@@ -94,8 +94,15 @@ pub fn divide(
             next.get_mut(name).expect("every worker").upstreams.insert(upstream.clone(), current + more);
         }
         for (name, seen) in workers {
-            if seen.holds(upstream) == 0 && next[name].upstreams.get(upstream) == Some(&0) {
-                next.get_mut(name).expect("every worker").upstreams.remove(upstream);
+            let grant = next.get_mut(name).expect("every worker");
+            if seen.holds(upstream) == 0 && grant.upstreams.get(upstream) == Some(&0) {
+                grant.upstreams.remove(upstream);
+            }
+            if grant.upstreams.contains_key(upstream) {
+                let sharing = wanting.len().max(1).try_into().unwrap_or(u32::MAX);
+                grant.sharing.insert(upstream.clone(), sharing);
+            } else {
+                grant.sharing.remove(upstream);
             }
         }
     }
@@ -109,7 +116,7 @@ mod tests {
     use super::*;
 
     fn grant(pairs: &[(&str, u32)]) -> Grant {
-        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(), tokens: None }
+        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(), ..Grant::default() }
     }
 
     fn ack(pairs: &[(&str, u32)], wants: &[&str]) -> Ack {
@@ -169,6 +176,17 @@ mod tests {
     }
 
     #[test]
+    fn each_grant_says_how_many_workers_send_to_the_upstream() {
+        let limits = limits(&[("vllm", 64), ("tgi", 8)]);
+        let mut workers = fresh(&["a", "b", "c"]);
+        workers.get_mut("c").unwrap().acked = Some(ack(&[], &["tgi"]));
+        let next = divide(&limits, &workers, &BTreeMap::new());
+        let sharing = |name: &str| next[name].sharing.clone().into_iter().collect::<Vec<_>>();
+        assert_eq!(sharing("a"), [("tgi".to_owned(), 3), ("vllm".to_owned(), 2)]);
+        assert_eq!(sharing("c"), [("tgi".to_owned(), 3)], "c does not send to vllm");
+    }
+
+    #[test]
     fn more_workers_than_the_limit_leaves_some_waiting() {
         let limits = limits(&[("small", 2)]);
         let grants = settle(&limits, fresh(&["a", "b", "c"]), &["small"]);
@@ -186,7 +204,7 @@ mod tests {
         );
         workers.insert("b".to_owned(), Seen::default());
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["a"], grant(&[("vllm", 4)]), "a shrinks");
+        assert_eq!(next["a"].upstreams, grant(&[("vllm", 4)]).upstreams, "a shrinks");
         assert_eq!(
             next["b"].upstreams.get("vllm").copied().unwrap_or(0),
             0,
@@ -195,12 +213,12 @@ mod tests {
         // a has not acknowledged yet: nothing moves.
         workers.get_mut("a").unwrap().granted = next["a"].clone();
         let again = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(again["a"], grant(&[("vllm", 4)]));
+        assert_eq!(again["a"].upstreams, grant(&[("vllm", 4)]).upstreams);
         assert_eq!(again["b"].upstreams.get("vllm").copied().unwrap_or(0), 0);
         // a acknowledges: b gets the rest.
         workers.get_mut("a").unwrap().acked = Some(ack(&[("vllm", 4)], &["vllm"]));
         let after = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(after["b"], grant(&[("vllm", 4)]));
+        assert_eq!(after["b"].upstreams, grant(&[("vllm", 4)]).upstreams);
     }
 
     #[test]
@@ -209,7 +227,7 @@ mod tests {
         let mut workers = fresh(&["a"]);
         workers.get_mut("a").unwrap().granted = grant(&[("vllm", 3)]);
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["a"], grant(&[("vllm", 3)]), "a grows only once it has applied 3");
+        assert_eq!(next["a"].upstreams, grant(&[("vllm", 3)]).upstreams, "a grows only once it has applied 3");
     }
 
     #[test]
@@ -219,8 +237,8 @@ mod tests {
         workers.insert("x".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["a-model"])) });
         workers.insert("y".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["b-model"])) });
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["x"], grant(&[("a-model", 10)]));
-        assert_eq!(next["y"], grant(&[("b-model", 10)]));
+        assert_eq!(next["x"].upstreams, grant(&[("a-model", 10)]).upstreams);
+        assert_eq!(next["y"].upstreams, grant(&[("b-model", 10)]).upstreams);
     }
 
     #[test]
@@ -248,6 +266,6 @@ mod tests {
         );
         let next = divide(&limits, &workers, &BTreeMap::new());
         held(&limits, &workers, &next);
-        assert_eq!(next["b"], grant(&[("vllm", 2)]), "nothing is free while a holds 6");
+        assert_eq!(next["b"].upstreams, grant(&[("vllm", 2)]).upstreams, "nothing is free while a holds 6");
     }
 }

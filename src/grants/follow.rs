@@ -40,6 +40,8 @@ impl Run<'_> {
                     for upstream in upstreams.iter() {
                         let granted = grant.upstreams.get(&upstream.name).copied().unwrap_or(0);
                         upstream.control.grant.store(granted, Ordering::Relaxed);
+                        let sharing = grant.sharing.get(&upstream.name).copied().unwrap_or(1);
+                        upstream.control.sharing.store(sharing, Ordering::Relaxed);
                     }
                     if let Some(tokens) = grant.tokens.filter(|tokens| tokens.run == self.run) {
                         quota.grant(tokens.allowance, tokens.exhausted);

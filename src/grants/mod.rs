@@ -29,6 +29,11 @@ use crate::storage::{Key, ObjectStore, StorageError};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub upstreams: BTreeMap<String, u32>,
+    /// How many workers send to each upstream the worker is granted: each reads the
+    /// server's load signal and takes its part of the room there
+    /// (`crate::concurrency::headroom`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sharing: BTreeMap<String, u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenGrant>,
 }

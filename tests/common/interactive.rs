@@ -70,7 +70,8 @@ pub struct Interactive {
     stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<()>,
     latencies: Arc<Mutex<Latencies>>,
-    started: Instant,
+    /// Requests sent before this do not count.
+    measured_from: Arc<Mutex<Instant>>,
 }
 
 impl Interactive {
@@ -82,8 +83,9 @@ impl Interactive {
         let client = reqwest::Client::new();
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         let started = Instant::now();
+        let measured_from = Arc::new(Mutex::new(started));
         let task = tokio::spawn({
-            let (stop, latencies) = (stop.clone(), latencies.clone());
+            let (stop, latencies, measured_from) = (stop.clone(), latencies.clone(), measured_from.clone());
             async move {
                 let mut requests = tokio::task::JoinSet::new();
                 let mut n = 0u64;
@@ -99,6 +101,7 @@ impl Interactive {
                         r#"{{"model":"sim","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"interactive request number {n}: a question of a user"}}]}}"#
                     );
                     let (client, url, latencies) = (client.clone(), url.clone(), latencies.clone());
+                    let measured_from = measured_from.clone();
                     requests.spawn(async move {
                         let sent = Instant::now();
                         let answer =
@@ -106,6 +109,9 @@ impl Interactive {
                         let ok = matches!(&answer, Ok(response) if response.status().is_success());
                         let ok = ok && answer.unwrap().bytes().await.is_ok();
                         let mut latencies = latencies.lock().unwrap();
+                        if sent < *measured_from.lock().unwrap() {
+                            return;
+                        }
                         if ok {
                             latencies.seconds.push(sent.elapsed().as_secs_f64());
                             latencies.tokens += u64::from(max_tokens);
@@ -119,7 +125,14 @@ impl Interactive {
                 while requests.join_next().await.is_some() {}
             }
         });
-        Self { stop, task, latencies, started }
+        Self { stop, task, latencies, measured_from }
+    }
+
+    /// Forgets what was measured so far: from now on only requests sent from now count
+    /// (the traffic goes on as it was).
+    pub fn measure_from_now(&self) {
+        *self.measured_from.lock().unwrap() = Instant::now();
+        *self.latencies.lock().unwrap() = Latencies::default();
     }
 
     /// Stops sending, waits for the requests in flight, and gives every latency.
@@ -129,8 +142,8 @@ impl Interactive {
         self.latencies.lock().unwrap().clone()
     }
 
-    /// Latencies so far, and the time since the start.
+    /// Latencies so far, and the time since the start (or since measuring began again).
     pub fn so_far(&self) -> (Latencies, Duration) {
-        (self.latencies.lock().unwrap().clone(), self.started.elapsed())
+        (self.latencies.lock().unwrap().clone(), self.measured_from.lock().unwrap().elapsed())
     }
 }

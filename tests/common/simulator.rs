@@ -92,6 +92,9 @@ pub struct SimStats {
     pub steps: u64,
     /// The most requests that waited in the queue at once.
     pub peak_waiting: usize,
+    /// How long admitted requests had waited in the queue (from arrival to their first
+    /// admission), by priority.
+    pub waited: BTreeMap<i64, Vec<Duration>>,
 }
 
 struct Sequence {
@@ -100,6 +103,8 @@ struct Sequence {
     prompt: u64,
     wanted: u32,
     generated: u32,
+    /// When it came, until it is first admitted.
+    queued: Option<Instant>,
     done: oneshot::Sender<u32>,
 }
 
@@ -160,7 +165,10 @@ impl Engine {
         while let Some(next) = self.waiting.front() {
             let fits = self.kv_used() + next.prompt < config.kv_capacity;
             if self.running.len() < config.max_batch && fits {
-                let next = self.waiting.pop_front().expect("a front");
+                let mut next = self.waiting.pop_front().expect("a front");
+                if let Some(queued) = next.queued.take() {
+                    self.stats.waited.entry(next.priority).or_default().push(queued.elapsed());
+                }
                 self.running.push(next);
                 continue;
             }
@@ -309,6 +317,7 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         prompt: (prompt_chars as u64 / 4).max(1),
         wanted,
         generated: 0,
+        queued: Some(Instant::now()),
         done,
     };
     let prompt = sequence.prompt;

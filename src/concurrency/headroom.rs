@@ -1,0 +1,169 @@
+//! Room kept free at the server for its users. A server that batches continuously runs
+//! at most so many requests at once (vLLM's `max_num_seqs`); what it runs and queues
+//! besides this process's batch lines is its other traffic. The batch may fill what is
+//! left, less a reserve for the users that arrive before the next reading: then a user
+//! finds a free place instead of a queue, and the batch's share follows the users'
+//! traffic as it rises and falls, reading by reading, instead of settling at one number
+//! that is too many when users peak and too few when they ebb. Pure: the caller passes
+//! the time, the reading and its own requests in flight.
+//!
+//! - **The server's places** are learned, not configured: the most requests it ran in a
+//!   reading that also saw requests wait (it was full), or ever ran since. Until a queue
+//!   has been seen there is nothing to go by, and the batch is not held here
+//!   ([`super::gate`] holds it while it probes).
+//! - **The reserve** is the most that other traffic grew between two readings over the
+//!   last [`RESERVE_OVER`] (at least one place): the room users took before the batch
+//!   could see them.
+//! - **Shared servers.** Where several processes send batch lines to one server (worker
+//!   pods on Kubernetes), each takes its `share` of the free room, so that together they
+//!   move by the room there is rather than each by all of it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The reserve covers what other traffic grew by between two readings over this span.
+pub const RESERVE_OVER: Duration = Duration::from_secs(5);
+
+/// One reading of the server, with this process's batch requests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Occupancy {
+    /// Requests the server runs (all traffic).
+    pub running: f64,
+    /// Requests it queues.
+    pub waiting: f64,
+    /// This process's requests the server has: sent and not answered.
+    pub ours: u32,
+    /// This process's batch requests in flight (the permits taken: also lines being
+    /// prepared or written back), which the cap bounds.
+    pub in_flight: u32,
+}
+
+impl Occupancy {
+    /// What the server holds besides this process's lines (never below 0: a request
+    /// on the wire is ours before the server counts it).
+    fn others(&self) -> f64 {
+        (self.running + self.waiting - f64::from(self.ours)).max(0.0)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Headroom {
+    places: Option<f64>,
+    others: Option<f64>,
+    /// When other traffic grew between two readings, and by how much.
+    rises: VecDeque<(Instant, f64)>,
+}
+
+impl Headroom {
+    /// The server's places, once learned.
+    pub fn places(&self) -> Option<u32> {
+        self.places.map(|places| places as u32)
+    }
+
+    /// The places kept free for other traffic now.
+    pub fn reserve(&self) -> f64 {
+        self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
+    }
+
+    /// Takes a reading in; returns the cap on this process's batch requests in flight
+    /// (`None`: the server's places are not known yet). `share` (0 < share ≤ 1) is this
+    /// process's part of the free room.
+    pub fn read(&mut self, now: Instant, occupancy: Occupancy, share: f64) -> Option<u32> {
+        if occupancy.waiting > 0.0 || self.places.is_some() {
+            self.places = Some(self.places.unwrap_or(0.0).max(occupancy.running));
+        }
+        let others = occupancy.others();
+        if let Some(before) = self.others.replace(others)
+            && others > before
+        {
+            self.rises.push_back((now, others - before));
+        }
+        while self.rises.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
+            self.rises.pop_front();
+        }
+        let places = self.places?;
+        let free = places - occupancy.running - occupancy.waiting - self.reserve();
+        let cap = f64::from(occupancy.in_flight) + share.clamp(0.0, 1.0) * free;
+        Some(cap.max(0.0).floor() as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    /// A reading with every line in flight at the server.
+    fn occupancy(running: f64, waiting: f64, in_flight: u32) -> Occupancy {
+        Occupancy { running, waiting, ours: in_flight, in_flight }
+    }
+
+    #[test]
+    fn nothing_is_known_until_the_server_is_seen_full() {
+        let start = Instant::now();
+        let mut headroom = Headroom::default();
+        assert_eq!(headroom.read(at(start, 100), occupancy(20.0, 0.0, 16), 1.0), None);
+        assert_eq!(headroom.read(at(start, 200), occupancy(30.0, 0.0, 22), 1.0), None);
+        // 32 run and 4 wait: 32 places. Others hold 36 − 28 = 8 (they grew by 4 since
+        // the first reading: the reserve), so the batch may keep 32 − 8 − 4 = 20.
+        assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(20));
+        assert_eq!(headroom.places(), Some(32));
+        // More running later, without a queue: more places than the queue showed.
+        headroom.read(at(start, 400), occupancy(34.0, 0.0, 26), 1.0);
+        assert_eq!(headroom.places(), Some(34));
+    }
+
+    #[test]
+    fn the_batch_fills_what_others_leave_less_what_they_grew_by_lately() {
+        let start = Instant::now();
+        let mut headroom = Headroom::default();
+        headroom.read(at(start, 0), occupancy(32.0, 1.0, 30), 1.0);
+        // Others hold 3, reading after reading: they never grew.
+        for n in 1..=60 {
+            headroom.read(at(start, n * 100), occupancy(32.0, 0.0, 29), 1.0);
+        }
+        assert_eq!(headroom.reserve(), 1.0, "at least one place");
+        assert_eq!(headroom.read(at(start, 6100), occupancy(32.0, 0.0, 29), 1.0), Some(28));
+        // Users come: others 3 → 7 (+4) → 9 (+2): the batch gives way by what they take
+        // and by the largest jump besides.
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32 - 7 - 4));
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32 - 9 - 4));
+        // They ebb: the batch takes their places back; the reserve stays 4 for 5 s.
+        assert_eq!(headroom.read(at(start, 6400), occupancy(25.0, 0.0, 21), 1.0), Some(32 - 4 - 4));
+        assert_eq!(headroom.reserve(), 4.0);
+        assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32 - 4 - 1));
+        // Users alone fill the server: no batch line.
+        assert_eq!(headroom.read(at(start, 11_500), occupancy(32.0, 6.0, 2), 1.0), Some(0));
+    }
+
+    #[test]
+    fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
+        let start = Instant::now();
+        let mut headroom = Headroom::default();
+        headroom.read(at(start, 0), occupancy(32.0, 2.0, 10), 0.5);
+        for n in 1..=60 {
+            headroom.read(at(start, n * 100), occupancy(32.0, 0.0, 10), 0.5);
+        }
+        // 20 free less the reserve of 1: half of it each.
+        assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5 + 9));
+        // Over-full by 5 (with the reserve): each gives back half.
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 4.0, 29), 0.5), Some(29 - 3));
+    }
+
+    #[test]
+    fn lines_not_at_the_server_are_not_taken_for_other_traffic_but_count_against_the_cap() {
+        let start = Instant::now();
+        let mut headroom = Headroom::default();
+        headroom.read(at(start, 0), occupancy(32.0, 1.0, 27), 1.0);
+        // 30 permits, 26 lines at the server: others hold 6, not 2. Three lines being
+        // written back and one about to be sent: the cap leaves room for them, so that
+        // the lines at the server come to 32 − 6 − 1 = 25.
+        let reading = Occupancy { running: 32.0, waiting: 0.0, ours: 26, in_flight: 30 };
+        assert_eq!(headroom.read(at(start, 100), reading, 1.0), Some(25 + 4));
+        let reading = Occupancy { running: 31.0, waiting: 0.0, ours: 25, in_flight: 29 };
+        assert_eq!(headroom.read(at(start, 200), reading, 1.0), Some(25 + 4), "steady");
+    }
+}
