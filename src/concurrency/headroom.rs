@@ -96,6 +96,17 @@ mod tests {
         start + Duration::from_millis(ms)
     }
 
+    /// A headroom that saw the server full (`first`), then `steady` for 6 s: places
+    /// learned, and the reserve back to its least.
+    fn learned(start: Instant, first: Occupancy, steady: Occupancy, share: f64) -> Headroom {
+        let mut headroom = Headroom::default();
+        headroom.read(start, first, share);
+        for n in 1..=60 {
+            headroom.read(at(start, n * 100), steady, share);
+        }
+        headroom
+    }
+
     /// A reading with every line in flight at the server.
     fn occupancy(running: f64, waiting: f64, in_flight: u32) -> Occupancy {
         Occupancy { running, waiting, ours: in_flight, in_flight }
@@ -119,12 +130,8 @@ mod tests {
     #[test]
     fn the_batch_fills_what_others_leave_less_what_they_grew_by_lately() {
         let start = Instant::now();
-        let mut headroom = Headroom::default();
-        headroom.read(at(start, 0), occupancy(32.0, 1.0, 30), 1.0);
         // Others hold 3, reading after reading: they never grew.
-        for n in 1..=60 {
-            headroom.read(at(start, n * 100), occupancy(32.0, 0.0, 29), 1.0);
-        }
+        let mut headroom = learned(start, occupancy(32.0, 1.0, 30), occupancy(32.0, 0.0, 29), 1.0);
         assert_eq!(headroom.reserve(), 1.0, "at least one place");
         assert_eq!(headroom.read(at(start, 6100), occupancy(32.0, 0.0, 29), 1.0), Some(28));
         // Users come: others 3 → 7 (+4) → 9 (+2): the batch gives way by what they take
@@ -142,11 +149,7 @@ mod tests {
     #[test]
     fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
         let start = Instant::now();
-        let mut headroom = Headroom::default();
-        headroom.read(at(start, 0), occupancy(32.0, 2.0, 10), 0.5);
-        for n in 1..=60 {
-            headroom.read(at(start, n * 100), occupancy(32.0, 0.0, 10), 0.5);
-        }
+        let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
         // 20 free less the reserve of 1: half of it each.
         assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5 + 9));
         // Over-full by 5 (with the reserve): each gives back half.
