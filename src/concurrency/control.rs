@@ -71,7 +71,9 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
             if let Some(signal) = &upstream.load_signal
                 && tokio::time::Instant::now() >= next_read
             {
-                next_read = tokio::time::Instant::now() + signal.every;
+                // On the beat of `every`, not of when this tick came: a tick falls a hair
+                // before `now + every`, which would make every reading wait one more tick.
+                next_read = (next_read + signal.every).max(tokio::time::Instant::now());
                 let (pressure, occupancy) = match signals::read(client, signal).await {
                     Ok(reading) => {
                         (reading.pressure(signal), reading.running.map(|running| (running, reading.waiting)))
