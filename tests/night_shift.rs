@@ -1,6 +1,7 @@
 //! The night shift on `nightshift serve`: the adaptive limit against the model-server
-//! simulator, the load signal holding batch dispatch (and failing harmlessly), the
-//! `priority` of batch lines, fair share between projects, and the ETA.
+//! simulator, the load signal holding batch dispatch (and failing harmlessly), a batch
+//! beside users at the simulator, the `priority` of batch lines, fair share between
+//! projects, and the ETA.
 
 mod common;
 
@@ -288,4 +289,56 @@ async fn a_small_batch_of_another_project_is_not_starved_by_a_huge_one() {
         assert_eq!(big_done["request_counts"]["completed"], 600);
         assert_eq!(big_done["estimated_completion_at"], Value::Null, "no ETA once done");
     }
+}
+
+/// Four users keep a request each at a server that decodes 16 sequences at a time. A
+/// batch beside them, given the server's load signal and nothing else, holds most of the
+/// 12 places they leave, and their requests rarely wait in the server's queue. A batch at
+/// a fixed 16 (the server's batch size: a good guess, but blind to users) makes most of
+/// them wait. (Without the load signal, the adaptive limit alone made 28% of them wait,
+/// at 11.6 places.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
+    let server = SimConfig { max_batch: 16, step_base: Duration::from_millis(2), ..SimConfig::default() };
+    let mut seen = Vec::new();
+    for batch in
+        ["    load_signal: {url: \"{metrics}\", every: 50ms}\n", "    max_concurrency: 16\n    adaptive: false\n"]
+    {
+        let sim = Simulator::start(server.clone()).await;
+        let users = common::interactive::Interactive::closed(&sim.url, 4, 24);
+        let dir = TempDir::new().unwrap();
+        let config = format!(
+            "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n{}batches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
+            sim.url,
+            batch.replace("{metrics}", &sim.metrics_url())
+        );
+        let (serve, client) = start(&dir, &config);
+        let id = client.create(&client.upload(sim_input(3000, 32)).await).await["id"].as_str().unwrap().to_owned();
+        // The batch has found its place (places learned, a reserve taken) after a few seconds.
+        client.wait(&id, Duration::from_secs(60), |b| b["request_counts"]["completed"].as_u64() >= Some(600)).await;
+        let before = sim.stats();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = sim.stats();
+        assert_eq!(client.batch(&id).await["status"], "in_progress", "the batch ran all along");
+        let limit = metric(&serve, "nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await;
+        client.cancel(&id).await;
+        users.stop().await;
+        let steps = (after.steps - before.steps) as f64;
+        let held = (after.decoded[&1] - before.decoded[&1]) as f64 / steps;
+        let waits = &after.waited[&0][before.waited[&0].len()..];
+        // Longer than two steps (a request that comes mid-step joins the next one).
+        let waited = waits.iter().filter(|wait| **wait > Duration::from_millis(6)).count() as f64 / waits.len() as f64;
+        eprintln!(
+            "[night shift] {}: the batch held {held:.1} of 16 places (limit {limit:?}); {:.0}% of {} users' requests waited",
+            batch.trim().replace('\n', ","),
+            waited * 100.0,
+            waits.len()
+        );
+        seen.push((held, waited));
+    }
+    let [(held, waited), (fixed_held, fixed_waited)] = seen[..] else { unreachable!() };
+    assert!(fixed_waited >= 0.5, "a fixed 16 leaves users no place: {fixed_waited}");
+    assert!(fixed_held >= 10.0, "{fixed_held}");
+    assert!(waited <= 0.1, "users find a place: {waited}");
+    assert!(held >= 8.0, "the batch holds most of the 12 places users leave: {held}");
 }

@@ -13,7 +13,9 @@
 //!   ([`super::gate`] holds it while it probes).
 //! - **The reserve** is the most that other traffic grew between two readings over the
 //!   last [`RESERVE_OVER`] (at least one place): the room users took before the batch
-//!   could see them.
+//!   could see them. Growth counts from the higher of the last two readings, so that a
+//!   reading that caught this process's lines on their way in is not taken for users
+//!   leaving and coming back.
 //! - **Shared servers.** Where several processes send batch lines to one server (worker
 //!   pods on Kubernetes), each takes its `share` of the free room, so that together they
 //!   move by the room there is rather than each by all of it.
@@ -49,7 +51,8 @@ impl Occupancy {
 #[derive(Clone, Debug, Default)]
 pub struct Headroom {
     places: Option<f64>,
-    others: Option<f64>,
+    /// Other traffic in the last two readings, the latest first.
+    others: [Option<f64>; 2],
     /// When other traffic grew between two readings, and by how much.
     rises: VecDeque<(Instant, f64)>,
 }
@@ -73,11 +76,15 @@ impl Headroom {
             self.places = Some(self.places.unwrap_or(0.0).max(occupancy.running));
         }
         let others = occupancy.others();
-        if let Some(before) = self.others.replace(others)
+        // Grown since either of the last two readings: one that caught lines of ours on
+        // their way in (sent, not yet counted by the server: lines that finish together
+        // are replaced together) saw a dip, not the level the next one rises from.
+        if let Some(before) = self.others.iter().flatten().copied().reduce(f64::max)
             && others > before
         {
             self.rises.push_back((now, others - before));
         }
+        self.others = [Some(others), self.others[0]];
         while self.rises.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
             self.rises.pop_front();
         }
@@ -154,6 +161,21 @@ mod tests {
         assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5 + 9));
         // Over-full by 5 (with the reserve): each gives back half.
         assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 4.0, 29), 0.5), Some(29 - 3));
+    }
+
+    #[test]
+    fn a_reading_that_caught_our_lines_on_their_way_in_does_not_raise_the_reserve() {
+        let start = Instant::now();
+        let mut headroom = learned(start, occupancy(32.0, 1.0, 26), occupancy(32.0, 0.0, 26), 1.0);
+        // Four lines of ours, sent together, are not counted by the server yet: other
+        // traffic seems to drop from 6 to 2, and to be back at 6 in the next reading.
+        let caught = Occupancy { running: 28.0, waiting: 0.0, ours: 26, in_flight: 26 };
+        headroom.read(at(start, 6100), caught, 1.0);
+        headroom.read(at(start, 6200), occupancy(32.0, 0.0, 26), 1.0);
+        assert_eq!(headroom.reserve(), 1.0);
+        // Users that do come count from the level before.
+        headroom.read(at(start, 6300), occupancy(32.0, 3.0, 26), 1.0);
+        assert_eq!(headroom.reserve(), 3.0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Interactive traffic for the model-server simulator (or any OpenAI-compatible server):
-//! chat completions sent at random (Poisson) arrivals whose rate follows a pattern, each
-//! request timed end to end. What users of a model server feel while batches run on it.
+//! chat completions sent at random (Poisson) arrivals whose rate follows a pattern, or by
+//! a constant number of users who each ask again once answered; each request timed end
+//! to end. What users of a model server feel while batches run on it.
 //!
 //! ```ignore
 //! let load = Interactive::start(url, Pattern::Steady { per_sec: 20.0 }, 24);
@@ -8,6 +9,7 @@
 //! let latencies = load.stop().await; // p50/p99 via Latencies::percentile
 //! ```
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,55 +78,60 @@ pub struct Interactive {
 
 impl Interactive {
     /// Sends requests for `max_tokens` output tokens each to `base_url`
-    /// (`…/v1`), until stopped.
+    /// (`…/v1`), arriving as `pattern` says, until stopped.
     pub fn start(base_url: &str, pattern: Pattern, max_tokens: u32) -> Self {
-        let stop = tokio_util::sync::CancellationToken::new();
-        let latencies = Arc::new(Mutex::new(Latencies::default()));
-        let client = reqwest::Client::new();
-        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         let started = Instant::now();
-        let measured_from = Arc::new(Mutex::new(started));
-        let task = tokio::spawn({
-            let (stop, latencies, measured_from) = (stop.clone(), latencies.clone(), measured_from.clone());
-            async move {
-                let mut requests = tokio::task::JoinSet::new();
-                let mut n = 0u64;
-                while !stop.is_cancelled() {
-                    let rate = pattern.rate_at(started.elapsed().as_secs_f64()).max(0.01);
-                    let gap = -rand::rng().random::<f64>().max(1e-9).ln() / rate;
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs_f64(gap.min(5.0))) => {}
-                    }
-                    n += 1;
-                    let body = format!(
-                        r#"{{"model":"sim","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"interactive request number {n}: a question of a user"}}]}}"#
-                    );
-                    let (client, url, latencies) = (client.clone(), url.clone(), latencies.clone());
-                    let measured_from = measured_from.clone();
-                    requests.spawn(async move {
-                        let sent = Instant::now();
-                        let answer =
-                            client.post(&url).header("content-type", "application/json").body(body).send().await;
-                        let ok = matches!(&answer, Ok(response) if response.status().is_success());
-                        let ok = ok && answer.unwrap().bytes().await.is_ok();
-                        let mut latencies = latencies.lock().unwrap();
-                        if sent < *measured_from.lock().unwrap() {
-                            return;
-                        }
-                        if ok {
-                            latencies.seconds.push(sent.elapsed().as_secs_f64());
-                            latencies.tokens += u64::from(max_tokens);
-                        } else {
-                            latencies.failed += 1;
-                        }
-                    });
-                    while requests.try_join_next().is_some() {}
+        Self::run(base_url, max_tokens, move |sender, stop| async move {
+            let mut requests = tokio::task::JoinSet::new();
+            while !stop.is_cancelled() {
+                let rate = pattern.rate_at(started.elapsed().as_secs_f64()).max(0.01);
+                let gap = -rand::rng().random::<f64>().max(1e-9).ln() / rate;
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs_f64(gap.min(5.0))) => {}
                 }
-                // Requests in flight finish and count.
-                while requests.join_next().await.is_some() {}
+                let sender = sender.clone();
+                requests.spawn(async move { sender.send().await });
+                while requests.try_join_next().is_some() {}
             }
-        });
+            // Requests in flight finish and count.
+            while requests.join_next().await.is_some() {}
+        })
+    }
+
+    /// `users` users, each sending its next request as soon as the last is answered
+    /// (a closed loop: the server always holds about `users` of their requests).
+    pub fn closed(base_url: &str, users: usize, max_tokens: u32) -> Self {
+        Self::run(base_url, max_tokens, move |sender, stop| async move {
+            let mut loops = tokio::task::JoinSet::new();
+            for _ in 0..users {
+                let (sender, stop) = (sender.clone(), stop.clone());
+                loops.spawn(async move {
+                    while !stop.is_cancelled() {
+                        sender.send().await;
+                    }
+                });
+            }
+            while loops.join_next().await.is_some() {}
+        })
+    }
+
+    fn run<F, Fut>(base_url: &str, max_tokens: u32, traffic: F) -> Self
+    where
+        F: FnOnce(Sender, tokio_util::sync::CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let sender = Sender {
+            client: reqwest::Client::new(),
+            url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
+            max_tokens,
+            sent: Arc::default(),
+            latencies: Arc::default(),
+            measured_from: Arc::new(Mutex::new(Instant::now())),
+        };
+        let (latencies, measured_from) = (sender.latencies.clone(), sender.measured_from.clone());
+        let task = tokio::spawn(traffic(sender, stop.clone()));
         Self { stop, task, latencies, measured_from }
     }
 
@@ -145,5 +152,40 @@ impl Interactive {
     /// Latencies so far, and the time since the start (or since measuring began again).
     pub fn so_far(&self) -> (Latencies, Duration) {
         (self.latencies.lock().unwrap().clone(), self.measured_from.lock().unwrap().elapsed())
+    }
+}
+
+/// Sends one user's request and times it.
+#[derive(Clone)]
+struct Sender {
+    client: reqwest::Client,
+    url: String,
+    max_tokens: u32,
+    /// Requests sent so far (numbers them).
+    sent: Arc<AtomicU64>,
+    latencies: Arc<Mutex<Latencies>>,
+    measured_from: Arc<Mutex<Instant>>,
+}
+
+impl Sender {
+    async fn send(&self) {
+        let (n, max_tokens) = (self.sent.fetch_add(1, Ordering::Relaxed) + 1, self.max_tokens);
+        let body = format!(
+            r#"{{"model":"sim","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"interactive request number {n}: a question of a user"}}]}}"#
+        );
+        let sent = Instant::now();
+        let answer = self.client.post(&self.url).header("content-type", "application/json").body(body).send().await;
+        let ok = matches!(&answer, Ok(response) if response.status().is_success());
+        let ok = ok && answer.unwrap().bytes().await.is_ok();
+        let mut latencies = self.latencies.lock().unwrap();
+        if sent < *self.measured_from.lock().unwrap() {
+            return;
+        }
+        if ok {
+            latencies.seconds.push(sent.elapsed().as_secs_f64());
+            latencies.tokens += u64::from(max_tokens);
+        } else {
+            latencies.failed += 1;
+        }
     }
 }

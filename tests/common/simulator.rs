@@ -90,6 +90,9 @@ pub struct SimStats {
     /// Requests preempted (their work thrown away).
     pub preempted: u64,
     pub steps: u64,
+    /// Tokens decoded, finished or not (a step decodes one for every running sequence):
+    /// over `steps`, how many places each priority held on average.
+    pub decoded: BTreeMap<i64, u64>,
     /// The most requests that waited in the queue at once.
     pub peak_waiting: usize,
     /// How long admitted requests had waited in the queue (from arrival to their first
@@ -195,6 +198,7 @@ impl Engine {
         self.stats.steps += 1;
         for sequence in &mut self.running {
             sequence.generated += 1;
+            *self.stats.decoded.entry(sequence.priority).or_default() += 1;
         }
         let (finished, running): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.running).into_iter().partition(|s| s.generated >= s.wanted);
