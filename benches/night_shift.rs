@@ -10,7 +10,8 @@
 //! - `interactive`: users' requests (Poisson, 20/s, 64 output tokens each) with no batch,
 //!   with a batch at fixed concurrencies, untuned, and untuned with the server's load
 //!   signal; then the same with the server scheduling by priority (batch lines carry
-//!   `priority: 1`, users 0); bursty users last. Their p50/p99 latency, and the share of
+//!   `priority: 1`, users 0); users whose rate changes last (`changing`: bursts, and day
+//!   and night), each against the same users with no batch. Their p50/p99 latency, and the share of
 //!   the capacity they leave idle that the batch used.
 //! - `fair`: one project's 6,000-line batch, then another's 100-line batch: the small
 //!   one's completion time, first-come-first-served and with fair share.
@@ -266,21 +267,29 @@ async fn users() {
             println!("  ({} interactive requests failed)", latencies.failed);
         }
     }
-    if !"bursty".contains(&only) {
-        return;
+    let changing = [
+        (
+            "bursty users (3× for 2 s in 10)",
+            Pattern::Bursty { per_sec: INTERACTIVE_RATE, factor: 3.0, burst: 2.0, every: 10.0 },
+        ),
+        ("day and night (5/s to 35/s and back in 30 s)", Pattern::DayNight { low: 5.0, high: 35.0, period: 30.0 }),
+    ];
+    for (name, pattern) in changing {
+        if !name.contains(&only) && !"changing".contains(&only) {
+            continue;
+        }
+        let (alone, _, _) = with_users(None, pattern, false).await;
+        let (latencies, batch, interactive) = with_users(Some(gated), pattern, false).await;
+        println!(
+            "| {name}: none / untuned + load signal | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2} | {batch:.0} | {:.2} |",
+            alone.percentile(50.0) * 1000.0,
+            latencies.percentile(50.0) * 1000.0,
+            alone.percentile(99.0) * 1000.0,
+            latencies.percentile(99.0) * 1000.0,
+            latencies.percentile(99.0) / alone.percentile(99.0),
+            batch / (capacity - interactive)
+        );
     }
-    let bursty = Pattern::Bursty { per_sec: INTERACTIVE_RATE, factor: 3.0, burst: 2.0, every: 10.0 };
-    let (alone, _, _) = with_users(None, bursty, false).await;
-    let (latencies, batch, interactive) = with_users(Some(gated), bursty, false).await;
-    println!(
-        "| bursty users (3× for 2 s in 10): none / gated | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2} | {batch:.0} | {:.2} |",
-        alone.percentile(50.0) * 1000.0,
-        latencies.percentile(50.0) * 1000.0,
-        alone.percentile(99.0) * 1000.0,
-        latencies.percentile(99.0) * 1000.0,
-        latencies.percentile(99.0) / alone.percentile(99.0),
-        batch / (capacity - interactive)
-    );
 }
 
 async fn fair() {

@@ -224,6 +224,9 @@ fn the_dashboard_is_valid_json_over_the_documented_metrics() {
         "nightshift_upstream_retries_total{",
         "nightshift_queue_depth{",
         "nightshift_http_requests_total{",
+        "nightshift_upstream_concurrency_limit{",
+        "nightshift_upstream_dispatch_held{",
+        "nightshift_load_signal_failures_total{",
     ] {
         assert!(exprs.iter().any(|e| e.contains(metric)), "no panel queries {metric}");
     }
