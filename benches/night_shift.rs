@@ -11,8 +11,8 @@
 //!   with a batch at fixed concurrencies, untuned, and untuned with the server's load
 //!   signal; then the same with the server scheduling by priority (batch lines carry
 //!   `priority: 1`, users 0); users whose rate changes last (`changing`: bursts, and day
-//!   and night), each against the same users with no batch. Their p50/p99 latency, and the share of
-//!   the capacity they leave idle that the batch used.
+//!   and night), each against the same users with no batch. Their p50/p99 latency, and
+//!   the share of the capacity they leave idle that the batch used.
 //! - `fair`: one project's 6,000-line batch, then another's 100-line batch: the small
 //!   one's completion time, first-come-first-served and with fair share.
 //! - `simulator`: no benchmark; runs a simulator on `SIM_LISTEN` (default
