@@ -58,11 +58,6 @@ pub struct Headroom {
 }
 
 impl Headroom {
-    /// The server's places, once learned.
-    pub fn places(&self) -> Option<u32> {
-        self.places.map(|places| places as u32)
-    }
-
     /// The places kept free for other traffic now.
     pub fn reserve(&self) -> f64 {
         self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
@@ -128,10 +123,10 @@ mod tests {
         // 32 run and 4 wait: 32 places. Others hold 36 − 28 = 8 (they grew by 4 since
         // the first reading: the reserve), so the batch may keep 32 − 8 − 4 = 20.
         assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(20));
-        assert_eq!(headroom.places(), Some(32));
+        assert_eq!(headroom.places, Some(32.0));
         // More running later, without a queue: more places than the queue showed.
         headroom.read(at(start, 400), occupancy(34.0, 0.0, 26), 1.0);
-        assert_eq!(headroom.places(), Some(34));
+        assert_eq!(headroom.places, Some(34.0));
     }
 
     #[test]

@@ -115,8 +115,12 @@ mod tests {
 
     use super::*;
 
+    fn upstreams(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect()
+    }
+
     fn grant(pairs: &[(&str, u32)]) -> Grant {
-        Grant { upstreams: pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect(), ..Grant::default() }
+        Grant { upstreams: upstreams(pairs), ..Grant::default() }
     }
 
     fn ack(pairs: &[(&str, u32)], wants: &[&str]) -> Ack {
@@ -204,7 +208,7 @@ mod tests {
         );
         workers.insert("b".to_owned(), Seen::default());
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["a"].upstreams, grant(&[("vllm", 4)]).upstreams, "a shrinks");
+        assert_eq!(next["a"].upstreams, upstreams(&[("vllm", 4)]), "a shrinks");
         assert_eq!(
             next["b"].upstreams.get("vllm").copied().unwrap_or(0),
             0,
@@ -213,12 +217,12 @@ mod tests {
         // a has not acknowledged yet: nothing moves.
         workers.get_mut("a").unwrap().granted = next["a"].clone();
         let again = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(again["a"].upstreams, grant(&[("vllm", 4)]).upstreams);
+        assert_eq!(again["a"].upstreams, upstreams(&[("vllm", 4)]));
         assert_eq!(again["b"].upstreams.get("vllm").copied().unwrap_or(0), 0);
         // a acknowledges: b gets the rest.
         workers.get_mut("a").unwrap().acked = Some(ack(&[("vllm", 4)], &["vllm"]));
         let after = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(after["b"].upstreams, grant(&[("vllm", 4)]).upstreams);
+        assert_eq!(after["b"].upstreams, upstreams(&[("vllm", 4)]));
     }
 
     #[test]
@@ -227,7 +231,7 @@ mod tests {
         let mut workers = fresh(&["a"]);
         workers.get_mut("a").unwrap().granted = grant(&[("vllm", 3)]);
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["a"].upstreams, grant(&[("vllm", 3)]).upstreams, "a grows only once it has applied 3");
+        assert_eq!(next["a"].upstreams, upstreams(&[("vllm", 3)]), "a grows only once it has applied 3");
     }
 
     #[test]
@@ -237,8 +241,8 @@ mod tests {
         workers.insert("x".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["a-model"])) });
         workers.insert("y".to_owned(), Seen { granted: Grant::default(), acked: Some(ack(&[], &["b-model"])) });
         let next = divide(&limits, &workers, &BTreeMap::new());
-        assert_eq!(next["x"].upstreams, grant(&[("a-model", 10)]).upstreams);
-        assert_eq!(next["y"].upstreams, grant(&[("b-model", 10)]).upstreams);
+        assert_eq!(next["x"].upstreams, upstreams(&[("a-model", 10)]));
+        assert_eq!(next["y"].upstreams, upstreams(&[("b-model", 10)]));
     }
 
     #[test]
@@ -266,6 +270,6 @@ mod tests {
         );
         let next = divide(&limits, &workers, &BTreeMap::new());
         held(&limits, &workers, &next);
-        assert_eq!(next["b"].upstreams, grant(&[("vllm", 2)]).upstreams, "nothing is free while a holds 6");
+        assert_eq!(next["b"].upstreams, upstreams(&[("vllm", 2)]), "nothing is free while a holds 6");
     }
 }
