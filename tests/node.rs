@@ -4,7 +4,8 @@
 //! served by s3s-fs on the host, and the official OpenAI SDK reaching the api through its
 //! Service's ClusterIP. Then the faults a cluster brings: a worker container killed
 //! mid-shard, the leading controller's pod deleted mid-batch, `helm upgrade` to a rebuilt
-//! image mid-batch, and removal as docs/kubernetes.md describes it.
+//! image mid-batch, then the night shift (worker pods reading a model server's load
+//! signal while its users keep it busy), and removal as docs/kubernetes.md describes it.
 //!
 //! One test, in phases, on one node: a node takes about half a minute to start and the
 //! phases build on one installation, as a user's do. A failing phase prints the node's
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 use common::cluster::{ClusterOptions, TestCluster, eventually};
 use common::committed::{check_kill_laws, committed_custom_ids, settle};
 use common::image;
+use common::interactive::Interactive;
 use common::node::{NODE_NAME, POD_CIDR, RealNode, host_address};
+use common::simulator::{SimConfig, Simulator};
 use common::tools::{helm, kubectl_bin, run};
 use common::upstream::MockUpstream;
 use common::{KEY, PROJECT, TestS3};
@@ -51,6 +54,8 @@ struct Installation {
     cluster: TestCluster,
     s3: TestS3,
     upstream: MockUpstream,
+    /// A model server with users of its own and a load signal (`sim-*` models).
+    sim: Simulator,
     helm_home: TempDir,
     values: std::path::PathBuf,
     api_url: String,
@@ -64,6 +69,9 @@ impl Installation {
         node.load_images(&[image]);
         let s3 = TestS3::start_on(host);
         let upstream = MockUpstream::start_on(host).await;
+        // Four places, 20 ms steps: a line of 32 tokens holds one for about 0.7 s.
+        let sim_config = SimConfig { max_batch: 4, step_base: Duration::from_millis(20), ..SimConfig::default() };
+        let sim = Simulator::start_on(&format!("{host}:0"), sim_config).await;
         cluster.create_namespace(NS).await;
         let secret = Secret {
             metadata: kube::api::ObjectMeta { name: Some("nightshift-s3".into()), ..Default::default() },
@@ -88,14 +96,17 @@ impl Installation {
                 "credentials": {"existingSecret": "nightshift-s3"},
             }},
             "upstreams": [{"name": "mock", "base_url": upstream.base_url, "models": ["mock-*"],
-                           "max_concurrency": CONCURRENCY}],
+                           "max_concurrency": CONCURRENCY},
+                          {"name": "sim", "base_url": sim.url, "models": ["sim-*"], "max_concurrency": 64,
+                           "priority": 1, "load_signal": {"url": sim.metrics_url()}}],
             "projects": [{"name": "demo", "id": PROJECT,
                           "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(KEY))}]}],
             "config": {"batches": {"shard_lines": SHARD_LINES, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
             "controller": {"replicas": 2, "leaseSeconds": 5},
         });
         std::fs::write(&values, serde_json::to_string(&values_json).unwrap()).unwrap();
-        let mut installation = Installation { node, cluster, s3, upstream, helm_home, values, api_url: String::new() };
+        let mut installation =
+            Installation { node, cluster, s3, upstream, sim, helm_home, values, api_url: String::new() };
         let started = Instant::now();
         installation.helm(&["install", RELEASE, CHART, "-f", installation.values.to_str().unwrap(), "--wait"]);
         eprintln!("[node] helm install --wait: ready in {:.1?}", started.elapsed());
@@ -375,7 +386,48 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     })
     .await;
 
-    // -- 5. Removal as docs/kubernetes.md says: Batches first (the controller cleans up
+    // -- 5. The night shift: two users keep a request each at a server of four places,
+    // and a batch of four shards (a worker pod each) runs beside them. Each pod reads the
+    // server's load signal over the pod network and sends its lines with the upstream's
+    // `priority`.
+    let sim = &installation.sim;
+    let users = Interactive::closed(&sim.url, 2, 32);
+    let lines = tokio::task::block_in_place(|| installation.sdk(40, &[("MODEL", "sim-a")]).join().unwrap());
+    let latencies = users.stop().await;
+    let finished = lines.last().expect("the SDK printed nothing");
+    assert_eq!(finished["status"], "completed", "{finished}");
+    assert_eq!(finished["counts"], json!({"total": 40, "completed": 40, "failed": 0}));
+    let output = finished["output"].as_array().unwrap();
+    assert!(output.iter().all(|r| r["response"]["body"]["model"] == "sim-a"), "answered by the simulator");
+    let stats = sim.stats();
+    assert_eq!(stats.finished.get(&1), Some(&40), "each line once, with the upstream's priority: {:?}", stats.finished);
+    assert!(latencies.failed == 0 && stats.finished.get(&0).copied().unwrap_or(0) > 0, "the users were served");
+    // Every worker pod of the batch read the signal itself, from its own address.
+    let batch = batch_id(&lines);
+    let pod_ips: Vec<std::net::IpAddr> = eventually("the batch's worker pods and their addresses", 60, || async {
+        let pods = installation.pods(&batch_selector(&batch)).await;
+        let ips: Option<Vec<_>> = pods.iter().map(|p| p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()).collect();
+        ips.filter(|ips| ips.len() == 4)
+    })
+    .await;
+    for ip in &pod_ips {
+        assert!(
+            stats.metrics_reads.contains_key(ip),
+            "worker pod {ip} read the load signal: {:?}",
+            stats.metrics_reads
+        );
+    }
+    let users_waited = stats.waited.get(&0).map_or(0, |w| w.iter().filter(|w| **w > Duration::from_millis(40)).count());
+    eprintln!(
+        "[node] night shift: {} load-signal reads by {} worker pods; users' p99 {:.0} ms, {users_waited} of {} of their requests waited over two steps; the server's longest queue {}",
+        pod_ips.iter().map(|ip| stats.metrics_reads[ip]).sum::<u64>(),
+        pod_ips.len(),
+        latencies.percentile(99.0) * 1000.0,
+        latencies.seconds.len(),
+        stats.peak_waiting
+    );
+
+    // -- 6. Removal as docs/kubernetes.md says: Batches first (the controller cleans up
     // their Jobs and shard data), then helm uninstall: no pods and no Jobs are left.
     installation.kubectl(&["delete", "batches", "--all", "--timeout=120s"]);
     installation.helm(&["uninstall", RELEASE]);

@@ -9,10 +9,12 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+
 use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
-use super::headroom::{Headroom, Occupancy};
-use super::signals;
+use super::headroom::{self, Headroom, Occupancy};
+use super::signals::{self, LoadSignalConfig};
 use crate::exec::upstream::Upstream;
 use crate::metrics::METRICS;
 
@@ -43,15 +45,8 @@ pub struct Control {
 pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
     let limiter = &upstream.limiter;
     let mut governor = Governor::new(upstream.max_concurrency);
-    let mut gate = Gate::default();
-    let mut headroom = Headroom::default();
-    // The headroom's cap as of the last reading (none once a reading fails).
-    let mut room: Option<u32> = None;
-    let mut next_read = tokio::time::Instant::now();
-    let mut warned: Option<tokio::time::Instant> = None;
-    let signal_failures = METRICS.load_signal_failures_of(&upstream.name);
+    let mut caps = LoadCaps::new(upstream);
     let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
-    let held_gauge = METRICS.dispatch_held_of(&upstream.name);
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Permits follow the target while the loop waits for the load signal.
@@ -68,40 +63,10 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                 }),
                 Mode::Local => upstream.max_concurrency,
             };
-            if let Some(signal) = &upstream.load_signal
-                && tokio::time::Instant::now() >= next_read
-            {
-                // On the beat of `every`, not of when this tick came: a tick falls a hair
-                // before `now + every`, which would make every reading wait one more tick.
-                next_read = (next_read + signal.every).max(tokio::time::Instant::now());
-                let (pressure, occupancy) = match signals::read(client, signal).await {
-                    Ok(reading) => {
-                        (reading.pressure(signal), reading.running.map(|running| (running, reading.waiting)))
-                    }
-                    Err(error) => {
-                        // Batches go on, governed by throughput alone.
-                        signal_failures.inc();
-                        if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                            warned = Some(tokio::time::Instant::now());
-                            tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
-                        }
-                        (Pressure::Clear, None)
-                    }
-                };
-                let in_flight = limiter.in_flight();
-                let now = std::time::Instant::now();
-                let cap = gate.read(now, pressure, in_flight, limit);
-                let ours = upstream.observed.at_upstream();
-                room = occupancy.and_then(|(running, waiting)| {
-                    headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
-                });
-                tracing::debug!(
-                    upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, ?room,
-                    reserve = headroom.reserve(), limit, "load signal read"
-                );
-                held_gauge.set(i64::from(pressure != Pressure::Clear));
+            if let Some(signal) = &upstream.load_signal {
+                caps.read_when_due(upstream, signal, client, mode, limit).await;
             }
-            let target = [gate.cap(), room].into_iter().flatten().fold(limit, u32::min);
+            let target = caps.cap().map_or(limit, |cap| cap.min(limit));
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
         }
@@ -109,6 +74,80 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
     tokio::select! {
         () = limiter.apply() => {}
         () = looping => {}
+    }
+}
+
+/// The caps an upstream's load signal sets, and when to read it next.
+struct LoadCaps {
+    gate: Gate,
+    headroom: Headroom,
+    /// The headroom's cap as of the last reading (none once a reading fails).
+    room: Option<u32>,
+    next_read: tokio::time::Instant,
+    warned: Option<tokio::time::Instant>,
+    failures: Counter,
+    held: Gauge,
+}
+
+impl LoadCaps {
+    fn new(upstream: &Upstream) -> Self {
+        Self {
+            gate: Gate::default(),
+            headroom: Headroom::default(),
+            room: None,
+            next_read: tokio::time::Instant::now(),
+            warned: None,
+            failures: METRICS.load_signal_failures_of(&upstream.name),
+            held: METRICS.dispatch_held_of(&upstream.name),
+        }
+    }
+
+    /// The lower of the gate's cap and the headroom's (`None`: neither holds the batch).
+    fn cap(&self) -> Option<u32> {
+        [self.gate.cap(), self.room].into_iter().flatten().min()
+    }
+
+    /// Reads the signal if a reading is due, and sets the caps from it.
+    async fn read_when_due(
+        &mut self,
+        upstream: &Upstream,
+        signal: &LoadSignalConfig,
+        client: &reqwest::Client,
+        mode: Mode,
+        limit: u32,
+    ) {
+        if tokio::time::Instant::now() < self.next_read {
+            return;
+        }
+        // On the beat of `every`, not of when this tick came: a tick falls a hair before
+        // `now + every`, which would make every reading wait one more tick.
+        self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
+        let (pressure, occupancy) = match signals::read(client, signal).await {
+            Ok(reading) => (reading.pressure(signal), reading.running.map(|running| (running, reading.waiting))),
+            Err(error) => {
+                // Batches go on, governed by throughput alone.
+                self.failures.inc();
+                if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                    self.warned = Some(tokio::time::Instant::now());
+                    tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
+                }
+                (Pressure::Clear, None)
+            }
+        };
+        let in_flight = upstream.limiter.in_flight();
+        let now = std::time::Instant::now();
+        let cap = self.gate.read(now, pressure, in_flight, limit);
+        let ours = upstream.observed.at_upstream();
+        self.room = occupancy
+            .and_then(|(running, waiting)| {
+                self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
+            })
+            .map(|cap| headroom::take(cap, rand::random()));
+        tracing::debug!(
+            upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, room = ?self.room,
+            reserve = self.headroom.reserve(), limit, "load signal read"
+        );
+        self.held.set(i64::from(pressure != Pressure::Clear));
     }
 }
 

@@ -18,7 +18,8 @@
 //!   leaving and coming back.
 //! - **Shared servers.** Where several processes send batch lines to one server (worker
 //!   pods on Kubernetes), each takes its `share` of the free room, so that together they
-//!   move by the room there is rather than each by all of it.
+//!   move by the room there is rather than each by all of it; a fraction of a place is
+//!   taken by a draw ([`take`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -65,8 +66,9 @@ impl Headroom {
 
     /// Takes a reading in; returns the cap on this process's batch requests in flight
     /// (`None`: the server's places are not known yet). `share` (0 < share ≤ 1) is this
-    /// process's part of the free room.
-    pub fn read(&mut self, now: Instant, occupancy: Occupancy, share: f64) -> Option<u32> {
+    /// process's part of the free room; the cap is a fraction where it is less than all
+    /// of it ([`take`] makes it whole).
+    pub fn read(&mut self, now: Instant, occupancy: Occupancy, share: f64) -> Option<f64> {
         if occupancy.waiting > 0.0 || self.places.is_some() {
             self.places = Some(self.places.unwrap_or(0.0).max(occupancy.running));
         }
@@ -86,8 +88,18 @@ impl Headroom {
         let places = self.places?;
         let free = places - occupancy.running - occupancy.waiting - self.reserve();
         let cap = f64::from(occupancy.in_flight) + share.clamp(0.0, 1.0) * free;
-        Some(cap.max(0.0).floor() as u32)
+        Some(cap.max(0.0))
     }
+}
+
+/// A cap as whole requests: its floor, and one more with the probability of its fraction
+/// (`draw`: uniform in 0..1). Processes that share a server each hold a part of its free
+/// room: rounded down, four worker pods' quarters of one free place would be nothing,
+/// reading after reading; rounded up, they would be four places. Drawn, the pods take
+/// the place about once between them, and as often as not the same one keeps it.
+pub fn take(cap: f64, draw: f64) -> u32 {
+    let whole = cap.max(0.0).floor();
+    whole as u32 + u32::from(draw < cap - whole)
 }
 
 #[cfg(test)]
@@ -122,7 +134,7 @@ mod tests {
         assert_eq!(headroom.read(at(start, 200), occupancy(30.0, 0.0, 22), 1.0), None);
         // 32 run and 4 wait: 32 places. Others hold 36 − 28 = 8 (they grew by 4 since
         // the first reading: the reserve), so the batch may keep 32 − 8 − 4 = 20.
-        assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(20));
+        assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(20.0));
         assert_eq!(headroom.places, Some(32.0));
         // More running later, without a queue: more places than the queue showed.
         headroom.read(at(start, 400), occupancy(34.0, 0.0, 26), 1.0);
@@ -135,17 +147,17 @@ mod tests {
         // Others hold 3, reading after reading: they never grew.
         let mut headroom = learned(start, occupancy(32.0, 1.0, 30), occupancy(32.0, 0.0, 29), 1.0);
         assert_eq!(headroom.reserve(), 1.0, "at least one place");
-        assert_eq!(headroom.read(at(start, 6100), occupancy(32.0, 0.0, 29), 1.0), Some(28));
+        assert_eq!(headroom.read(at(start, 6100), occupancy(32.0, 0.0, 29), 1.0), Some(28.0));
         // Users come: others 3 → 7 (+4) → 9 (+2): the batch gives way by what they take
         // and by the largest jump besides.
-        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32 - 7 - 4));
-        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32 - 9 - 4));
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32.0 - 7.0 - 4.0));
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32.0 - 9.0 - 4.0));
         // They ebb: the batch takes their places back; the reserve stays 4 for 5 s.
-        assert_eq!(headroom.read(at(start, 6400), occupancy(25.0, 0.0, 21), 1.0), Some(32 - 4 - 4));
+        assert_eq!(headroom.read(at(start, 6400), occupancy(25.0, 0.0, 21), 1.0), Some(32.0 - 4.0 - 4.0));
         assert_eq!(headroom.reserve(), 4.0);
-        assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32 - 4 - 1));
+        assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32.0 - 4.0 - 1.0));
         // Users alone fill the server: no batch line.
-        assert_eq!(headroom.read(at(start, 11_500), occupancy(32.0, 6.0, 2), 1.0), Some(0));
+        assert_eq!(headroom.read(at(start, 11_500), occupancy(32.0, 6.0, 2), 1.0), Some(0.0));
     }
 
     #[test]
@@ -153,9 +165,9 @@ mod tests {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
         // 20 free less the reserve of 1: half of it each.
-        assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5 + 9));
+        assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
         // Over-full by 5 (with the reserve): each gives back half.
-        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 4.0, 29), 0.5), Some(29 - 3));
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
     }
 
     #[test]
@@ -182,8 +194,22 @@ mod tests {
         // written back and one about to be sent: the cap leaves room for them, so that
         // the lines at the server come to 32 − 6 − 1 = 25.
         let reading = Occupancy { running: 32.0, waiting: 0.0, ours: 26, in_flight: 30 };
-        assert_eq!(headroom.read(at(start, 100), reading, 1.0), Some(25 + 4));
+        assert_eq!(headroom.read(at(start, 100), reading, 1.0), Some(25.0 + 4.0));
         let reading = Occupancy { running: 31.0, waiting: 0.0, ours: 25, in_flight: 29 };
-        assert_eq!(headroom.read(at(start, 200), reading, 1.0), Some(25 + 4), "steady");
+        assert_eq!(headroom.read(at(start, 200), reading, 1.0), Some(25.0 + 4.0), "steady");
+    }
+
+    #[test]
+    fn a_fraction_of_a_place_is_taken_as_often_as_it_is_large() {
+        assert_eq!(take(3.0, 0.0), 3);
+        assert_eq!(take(3.0, 0.999), 3);
+        assert_eq!(take(-2.5, 0.0), 0, "never below nothing");
+        assert_eq!(take(0.25, 0.2), 1);
+        assert_eq!(take(0.25, 0.3), 0);
+        // Four pods' quarters of one free place: about one place between them.
+        let draws = (0..1000).map(|n| f64::from(n) / 1000.0);
+        let taken: u32 = draws.map(|draw| take(0.25, draw)).sum();
+        assert_eq!(taken, 250);
+        assert_eq!((0..1000).map(|n| take(2.5, f64::from(n) / 1000.0)).sum::<u32>(), 2500);
     }
 }

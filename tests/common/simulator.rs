@@ -22,16 +22,18 @@
 //!   could not take it; one that arrived since the last step and joins the next is not seen.
 //!
 //! Usage: `Simulator::start(SimConfig::default()).await` gives a server on 127.0.0.1;
-//! [`Simulator::stats`] counts what it generated, by the `priority` requests carried.
+//! [`Simulator::stats`] counts what it generated, by the `priority` requests carried, and
+//! who read its `/metrics`.
 //! `cargo bench --bench night_shift -- simulator` runs one on its own (see that file).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -98,6 +100,8 @@ pub struct SimStats {
     /// How long admitted requests had waited in the queue (from arrival to their first
     /// admission), by priority.
     pub waited: BTreeMap<i64, Vec<Duration>>,
+    /// `/metrics` reads, by the reader's address.
+    pub metrics_reads: BTreeMap<IpAddr, u64>,
 }
 
 struct Sequence {
@@ -251,6 +255,7 @@ impl Simulator {
         let listener = tokio::net::TcpListener::bind(address).await.expect("bind the simulator");
         let url = format!("http://{}/v1", listener.local_addr().expect("an address"));
         let server = tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             axum::serve(listener, app).await.expect("the simulator serves");
         });
         let engine = tokio::spawn(run(shared.clone()));
@@ -341,8 +346,9 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     ([("content-type", "application/json")], completion.to_string()).into_response()
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let engine = shared.engine.lock().expect("engine");
+async fn metrics(State(shared): State<Arc<Shared>>, ConnectInfo(reader): ConnectInfo<SocketAddr>) -> Response {
+    let mut engine = shared.engine.lock().expect("engine");
+    *engine.stats.metrics_reads.entry(reader.ip()).or_default() += 1;
     let gauges = engine.published;
     let usage = gauges.kv_used as f64 / shared.config.kv_capacity as f64;
     let tokens: u64 = engine.stats.tokens.values().sum();
