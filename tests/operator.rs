@@ -102,6 +102,39 @@ async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::ap
 /// The worker image that the stand-in kubelet runs as `/bin/false`: every pod fails.
 const FAILING_IMAGE: &str = "nightshift:failing";
 
+/// What an operator test starts: `Setup::new(..)`, then the fields it changes.
+struct Setup<'a> {
+    /// Lines per shard.
+    shard_lines: u32,
+    /// How long the mock upstream takes to answer.
+    upstream_delay: Duration,
+    /// The mock upstream's `max_concurrency`.
+    concurrency: usize,
+    /// The worker Jobs' image.
+    worker_image: &'a str,
+    /// YAML appended to the `batches:` section.
+    batches: &'a str,
+    /// YAML appended to the `upstreams:` section (after the mock's).
+    upstreams: &'a str,
+    /// Every role (api, controller, worker pods) reaches S3 as IRSA would have it: a
+    /// token file and a role, traded at an STS stand-in for keys.
+    web_identity: bool,
+}
+
+impl Setup<'_> {
+    fn new(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
+        Setup {
+            shard_lines,
+            upstream_delay,
+            concurrency,
+            worker_image: IMAGE,
+            batches: "",
+            upstreams: "",
+            web_identity: false,
+        }
+    }
+}
+
 impl Operator {
     /// Another replica of the api, as a Deployment scaled up would start, and its URL.
     fn another_api(&self, name: &str) -> (impl Drop, String) {
@@ -121,7 +154,7 @@ impl Operator {
     }
 
     async fn start(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
-        Self::start_with(shard_lines, upstream_delay, concurrency, IMAGE, "").await
+        Self::set_up(Setup::new(shard_lines, upstream_delay, concurrency)).await
     }
 
     /// `worker_image` for the Jobs; `batches` is YAML appended to the `batches:` section.
@@ -132,22 +165,11 @@ impl Operator {
         worker_image: &str,
         batches: &str,
     ) -> Self {
-        Self::start_full(shard_lines, upstream_delay, concurrency, worker_image, batches, "", false).await
+        Self::set_up(Setup { worker_image, batches, ..Setup::new(shard_lines, upstream_delay, concurrency) }).await
     }
 
-    /// `upstreams` is YAML appended to the `upstreams:` section (after the mock's). With
-    /// `web_identity`, every role (api, controller, worker pods) reaches S3 as IRSA
-    /// would have it: a token file and a role, traded at an STS stand-in for keys.
-    #[allow(clippy::too_many_arguments)]
-    async fn start_full(
-        shard_lines: u32,
-        upstream_delay: Duration,
-        concurrency: usize,
-        worker_image: &str,
-        batches: &str,
-        upstreams: &str,
-        web_identity: bool,
-    ) -> Self {
+    async fn set_up(setup: Setup<'_>) -> Self {
+        let Setup { shard_lines, upstream_delay, concurrency, worker_image, batches, upstreams, web_identity } = setup;
         let cluster = TestCluster::start().await;
         cluster.create_namespace(NS).await;
         let client = cluster.client().await;
@@ -701,8 +723,9 @@ async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worke
          load_signal: {{url: \"{url}/metrics\"}}\n",
         url = sim.url
     );
-    let operator =
-        Operator::start_full(400, Duration::ZERO, 16, IMAGE, "  max_running_shards: 4\n", &upstream, false).await;
+    let setup =
+        Setup { batches: "  max_running_shards: 4\n", upstreams: &upstream, ..Setup::new(400, Duration::ZERO, 16) };
+    let operator = Operator::set_up(setup).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.create(&client.upload(input(&ids("line", 1600), "sim-a")).await).await;
     // While the four shards run, each pod's grant says four send to the server.
@@ -865,7 +888,7 @@ async fn the_controllers_line_and_token_counters_add_up_to_the_batchs_counts() {
 /// credentials as IRSA gives them, through STS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_reaches_s3_through_web_identity() {
-    let operator = Operator::start_full(10, Duration::from_millis(20), 4, IMAGE, "", "", true).await;
+    let operator = Operator::set_up(Setup { web_identity: true, ..Setup::new(10, Duration::from_millis(20), 4) }).await;
     let finished = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "30")]));
     check_results(finished.last().unwrap(), 30);
     let calls = operator.sts.as_ref().unwrap().calls();
