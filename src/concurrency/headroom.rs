@@ -95,8 +95,8 @@ impl Headroom {
 /// A cap as whole requests: its floor, and one more with the probability of its fraction
 /// (`draw`: uniform in 0..1). Processes that share a server each hold a part of its free
 /// room: rounded down, four worker pods' quarters of one free place would be nothing,
-/// reading after reading; rounded up, they would be four places. Drawn, the pods take
-/// the place about once between them, and as often as not the same one keeps it.
+/// reading after reading; rounded up, they would be four places. Drawn, they take about
+/// the one place between them.
 pub fn take(cap: f64, draw: f64) -> u32 {
     let whole = cap.max(0.0).floor();
     whole as u32 + u32::from(draw < cap - whole)
