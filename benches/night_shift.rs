@@ -21,8 +21,9 @@
 //!
 //! Knobs: `BENCH_WARM_SECS` (before measuring, default 15), `BENCH_MEASURE_SECS`
 //! (default 20 for batch throughput, 60 with users: the p99 of a minute's ~1,200
-//! requests is the 12th-worst, not the 4th-worst of 20 s), `BENCH_ONLY` (`interactive`: only the runs whose name contains it, and
-//! the one without a batch), `BENCH_LOG` (`serve`'s `RUST_LOG`, default `warn`).
+//! requests is the 12th-worst, not the 4th-worst of 20 s), `BENCH_ONLY` (`interactive`:
+//! only the runs whose name contains it, and the one without a batch), `BENCH_LOG`
+//! (`serve`'s `RUST_LOG`, default `warn`).
 
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]

@@ -14,7 +14,7 @@ use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
 use super::headroom::{self, Headroom, Occupancy};
-use super::signals::{self, LoadSignalConfig};
+use super::signals;
 use crate::exec::upstream::Upstream;
 use crate::metrics::METRICS;
 
@@ -63,9 +63,7 @@ pub async fn control(upstream: &Upstream, client: &reqwest::Client, mode: Mode) 
                 }),
                 Mode::Local => upstream.max_concurrency,
             };
-            if let Some(signal) = &upstream.load_signal {
-                caps.read_when_due(upstream, signal, client, mode, limit).await;
-            }
+            caps.read_when_due(upstream, client, mode, limit).await;
             let target = caps.cap().map_or(limit, |cap| cap.min(limit));
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
@@ -107,15 +105,10 @@ impl LoadCaps {
         [self.gate.cap(), self.room].into_iter().flatten().min()
     }
 
-    /// Reads the signal if a reading is due, and sets the caps from it.
-    async fn read_when_due(
-        &mut self,
-        upstream: &Upstream,
-        signal: &LoadSignalConfig,
-        client: &reqwest::Client,
-        mode: Mode,
-        limit: u32,
-    ) {
+    /// Reads the upstream's load signal, if it has one and a reading is due, and sets the
+    /// caps from it.
+    async fn read_when_due(&mut self, upstream: &Upstream, client: &reqwest::Client, mode: Mode, limit: u32) {
+        let Some(signal) = &upstream.load_signal else { return };
         if tokio::time::Instant::now() < self.next_read {
             return;
         }
