@@ -22,7 +22,8 @@
 //! Knobs: `BENCH_WARM_SECS` (before measuring, default 15), `BENCH_MEASURE_SECS`
 //! (default 20 for batch throughput, 60 with users: the p99 of a minute's ~1,200
 //! requests is the 12th-worst, not the 4th-worst of 20 s), `BENCH_ONLY` (`interactive`:
-//! only the runs whose name contains it, and the one without a batch), `BENCH_LOG`
+//! only the runs whose name contains it, or is all of it after a `=`, and the one without
+//! a batch), `BENCH_LOG`
 //! (`serve`'s `RUST_LOG`, default `warn`).
 
 #[allow(dead_code)]
@@ -215,11 +216,14 @@ async fn with_users(extra: Option<&str>, pattern: Pattern, priority_scheduling: 
             .map(Duration::as_secs_f64)
             .collect();
         waited.sort_by(f64::total_cmp);
-        let queued = waited.iter().filter(|w| **w > 0.001).count();
+        let over = |ms: f64| waited.iter().filter(|w| **w * 1000.0 > ms).count();
         let worst: Vec<String> = waited.iter().rev().take(8).map(|w| format!("{:.0}", w * 1000.0)).collect();
         println!(
-            "  users' waits in the server's queue: {queued} of {} over 1 ms; the longest {} ms",
+            "  users' waits in the server's queue: of {}, {} over 1 ms, {} over 20 ms, {} over 40 ms; the longest {} ms",
             waited.len(),
+            over(1.0),
+            over(20.0),
+            over(40.0),
             worst.join(", ")
         );
     }
@@ -249,7 +253,7 @@ async fn users() {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let mut alone = f64::NAN;
     for (name, extra, priority_scheduling) in runs {
-        if extra.is_some() && !name.contains(&only) {
+        if extra.is_some() && !selected(name, &only) {
             continue;
         }
         let (latencies, batch, interactive) = with_users(extra, steady, priority_scheduling).await;
@@ -277,7 +281,7 @@ async fn users() {
         ("day and night (5/s to 35/s and back in 30 s)", Pattern::DayNight { low: 5.0, high: 35.0, period: 30.0 }),
     ];
     for (name, pattern) in changing {
-        if !name.contains(&only) && !"changing".contains(&only) {
+        if !selected(name, &only) && !"changing".contains(&only) {
             continue;
         }
         let (alone, _, _) = with_users(None, pattern, false).await;
@@ -292,6 +296,12 @@ async fn users() {
             batch / (capacity - interactive)
         );
     }
+}
+
+/// Whether `BENCH_ONLY` (`only`) picks the run `name`: by a part of its name, or by all
+/// of it after `=`.
+fn selected(name: &str, only: &str) -> bool {
+    only.strip_prefix('=').map_or_else(|| name.contains(only), |exact| name == exact)
 }
 
 async fn fair() {

@@ -16,6 +16,11 @@
 //!   could see them. Growth counts from the higher of the last two readings, so that a
 //!   reading that caught this process's lines on their way in is not taken for users
 //!   leaving and coming back.
+//! - **Other traffic leaves** when two readings agree: the cap counts it at the higher of
+//!   the last two. A reading in which it seems to drop has more often caught lines of
+//!   this process on their way in (sent, not yet counted by the server), which take the
+//!   places it seems to free; trusted at once, it let the batch send as many lines more,
+//!   and users that came next found the server full.
 //! - **Shared servers.** Where several processes send batch lines to one server (worker
 //!   pods on Kubernetes), each takes its `share` of the free room, so that together they
 //!   move by the room there is rather than each by all of it; a fraction of a place is
@@ -81,12 +86,16 @@ impl Headroom {
         {
             self.rises.push_back((now, others - before));
         }
+        // Other traffic is believed to have left once two readings agree: a dip is more
+        // often lines of ours the server has not counted yet, which will take the places
+        // it seems to free.
+        let level = self.others[0].map_or(others, |before| before.max(others));
         self.others = [Some(others), self.others[0]];
         while self.rises.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
             self.rises.pop_front();
         }
         let places = self.places?;
-        let free = places - occupancy.running - occupancy.waiting - self.reserve();
+        let free = places - f64::from(occupancy.ours) - level - self.reserve();
         let cap = f64::from(occupancy.in_flight) + share.clamp(0.0, 1.0) * free;
         Some(cap.max(0.0))
     }
@@ -152,8 +161,11 @@ mod tests {
         // and by the largest jump besides.
         assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32.0 - 7.0 - 4.0));
         assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32.0 - 9.0 - 4.0));
-        // They ebb: the batch takes their places back; the reserve stays 4 for 5 s.
-        assert_eq!(headroom.read(at(start, 6400), occupancy(25.0, 0.0, 21), 1.0), Some(32.0 - 4.0 - 4.0));
+        // They ebb: once a second reading agrees, the batch takes their places back; the
+        // reserve stays 4 for 5 s.
+        let ebbed = occupancy(25.0, 0.0, 21);
+        assert_eq!(headroom.read(at(start, 6400), ebbed, 1.0), Some(32.0 - 9.0 - 4.0));
+        assert_eq!(headroom.read(at(start, 6500), ebbed, 1.0), Some(32.0 - 4.0 - 4.0));
         assert_eq!(headroom.reserve(), 4.0);
         assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32.0 - 4.0 - 1.0));
         // Users alone fill the server: no batch line.
@@ -164,10 +176,11 @@ mod tests {
     fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
-        // 20 free less the reserve of 1: half of it each.
-        assert_eq!(headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
+        // Others leave 20 free (two readings agree), less the reserve of 1: half of it each.
+        headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5);
+        assert_eq!(headroom.read(at(start, 6200), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
         // Over-full by 5 (with the reserve): each gives back half.
-        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
     }
 
     #[test]
@@ -176,9 +189,10 @@ mod tests {
         let mut headroom = learned(start, occupancy(32.0, 1.0, 26), occupancy(32.0, 0.0, 26), 1.0);
         // Four lines of ours, sent together, are not counted by the server yet: other
         // traffic seems to drop from 6 to 2, and to be back at 6 in the next reading.
+        // The places they seem to free are theirs: the cap stays where it was.
         let caught = Occupancy { running: 28.0, waiting: 0.0, ours: 26, in_flight: 26 };
-        headroom.read(at(start, 6100), caught, 1.0);
-        headroom.read(at(start, 6200), occupancy(32.0, 0.0, 26), 1.0);
+        assert_eq!(headroom.read(at(start, 6100), caught, 1.0), Some(26.0 - 1.0));
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 0.0, 26), 1.0), Some(26.0 - 1.0));
         assert_eq!(headroom.reserve(), 1.0);
         // Users that do come count from the level before.
         headroom.read(at(start, 6300), occupancy(32.0, 3.0, 26), 1.0);
