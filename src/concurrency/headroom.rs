@@ -13,14 +13,14 @@
 //!   ([`super::gate`] holds it while it probes).
 //! - **The reserve** is the most that other traffic grew between two readings over the
 //!   last [`RESERVE_OVER`] (at least one place): the room users took before the batch
-//!   could see them. Growth counts from the higher of the last two readings, so that a
-//!   reading that caught this process's lines on their way in is not taken for users
-//!   leaving and coming back.
-//! - **Other traffic leaves** when two readings agree: the cap counts it at the higher of
-//!   the last two. A reading in which it seems to drop has more often caught lines of
-//!   this process on their way in (sent, not yet counted by the server), which take the
-//!   places it seems to free; trusted at once, it let the batch send as many lines more,
-//!   and users that came next found the server full.
+//!   could see them.
+//! - **A dip is not a departure.** A reading that caught this process's lines on their
+//!   way in (sent, not yet counted by the server: lines that finish together are replaced
+//!   together) sees other traffic drop, and the places it seems to free are those lines'.
+//!   So growth counts from the higher of the two readings before, and the cap counts
+//!   other traffic at the higher of this reading and the one before: it has left when two
+//!   readings agree. Trusted at once, such a dip let the batch send as many lines more,
+//!   and the users that came next found the server full.
 //! - **Shared servers.** Where several processes send batch lines to one server (worker
 //!   pods on Kubernetes), each takes its `share` of the free room, so that together they
 //!   move by the room there is rather than each by all of it; a fraction of a place is
@@ -78,17 +78,14 @@ impl Headroom {
             self.places = Some(self.places.unwrap_or(0.0).max(occupancy.running));
         }
         let others = occupancy.others();
-        // Grown since either of the last two readings: one that caught lines of ours on
-        // their way in (sent, not yet counted by the server: lines that finish together
-        // are replaced together) saw a dip, not the level the next one rises from.
+        // A dip is not a departure (the module's doc): growth counts from the higher of
+        // the two readings before, and other traffic from the higher of this one and the
+        // one before.
         if let Some(before) = self.others.iter().flatten().copied().reduce(f64::max)
             && others > before
         {
             self.rises.push_back((now, others - before));
         }
-        // Other traffic is believed to have left once two readings agree: a dip is more
-        // often lines of ours the server has not counted yet, which will take the places
-        // it seems to free.
         let level = self.others[0].map_or(others, |before| before.max(others));
         self.others = [Some(others), self.others[0]];
         while self.rises.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
