@@ -147,7 +147,7 @@ fn main() {
         )
         .unwrap();
         let mut serve = Command::new(&nightshift)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
             .arg(work.path().join("data"))
             .env("RUST_LOG", std::env::var("BENCH_SERVE_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(std::env::var("BENCH_SERVE_THREADS").map(|n| ("TOKIO_WORKER_THREADS", n)))

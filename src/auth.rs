@@ -159,6 +159,10 @@ impl Projects {
     }
 
     /// Every project's token quota, for those that have one.
+    pub fn iter(&self) -> impl Iterator<Item = &Project> + '_ {
+        self.by_id.values()
+    }
+
     pub fn quotas(&self) -> impl Iterator<Item = (ProjectId, u64)> + '_ {
         self.by_id.values().filter_map(|p| p.quota_tokens.map(|q| (p.id.clone(), q)))
     }

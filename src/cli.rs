@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// Address to listen on; overrides `listen` (use port 0 for any free port).
     #[arg(long, env = "NIGHTSHIFT_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Address of `/metrics`; overrides `metrics.listen` (port 0 for any free port).
+    #[arg(long, env = "NIGHTSHIFT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Directory for local storage; overrides `storage` with `{dir: DIR}`.
     #[arg(long, env = "NIGHTSHIFT_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -52,6 +55,9 @@ impl ServeArgs {
         };
         if let Some(listen) = self.listen {
             config.listen = listen;
+        }
+        if let Some(metrics) = self.metrics_listen {
+            config.metrics.listen = Some(metrics);
         }
         if let Some(dir) = &self.data_dir {
             config.storage.dir = Some(dir.clone());

@@ -331,6 +331,8 @@ fn the_rendered_defaults_keep_the_charts_promises() {
     assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "http"}));
     assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "http"}));
     assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(container["ports"][1], json!({"name": "metrics", "containerPort": 9090, "protocol": "TCP"}));
+    assert!(rendered_config(&docs).contains("metrics:\n  listen: 0.0.0.0:9090"), "the api's /metrics has its own port");
     assert!(container["resources"]["requests"].is_object());
     let env = env_of(container);
     assert_eq!(env["NIGHTSHIFT_CONFIG"], "/etc/nightshift/config.yaml");
@@ -429,6 +431,13 @@ fn the_rendered_options_keep_the_charts_promises() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
     let metrics = find(&docs, "Service", "nightshift-controller-metrics");
     assert_eq!(metrics["spec"]["ports"][0]["name"], "metrics");
+    let api_monitor = find(&docs, "ServiceMonitor", "nightshift-api");
+    assert_eq!(api_monitor["spec"]["endpoints"][0]["port"], "metrics", "the api is scraped on its metrics port");
+    let api_metrics = find(&docs, "Service", "nightshift-api-metrics");
+    assert_eq!(
+        api_metrics["spec"]["ports"][0],
+        json!({"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"})
+    );
 
     let dashboard = find(&docs, "ConfigMap", "nightshift-dashboard");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
@@ -772,8 +781,10 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
     let mut api_env = s3_env.to_vec();
     api_env.push(("KUBECONFIG", api_kubeconfig.display().to_string()));
     api_env.push(("POD_NAMESPACE", NS.to_owned()));
+    let metrics_port = common::ports::claim_one();
+    let api_metrics = format!("127.0.0.1:{metrics_port}");
     let (_api, line) = spawn(
-        &["api", "--config", &config_arg, "--listen", "127.0.0.1:0"],
+        &["api", "--config", &config_arg, "--listen", "127.0.0.1:0", "--metrics-listen", &api_metrics],
         &api_env,
         "listening on",
         &dir.path().join("api.log"),
@@ -847,9 +858,10 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
     assert_eq!(batches.list(&ListParams::default()).await.unwrap().items.len(), 1);
 
     // Metrics, where the chart's ServiceMonitors scrape them.
-    let (status, text) = status_of(&format!("{api_url}/metrics")).await;
+    let (status, text) = status_of(&format!("http://{api_metrics}/metrics")).await;
     assert_eq!(status, 200);
     assert!(text.contains("nightshift_http_requests_total"), "{text}");
+    assert_eq!(status_of(&format!("{api_url}/metrics")).await.0, 404, "not on the API's own port");
     let (status, text) = status_of(&format!("{probes}/metrics")).await;
     assert_eq!(status, 200);
     assert!(text.contains("nightshift_batches"), "{text}");

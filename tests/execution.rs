@@ -161,7 +161,7 @@ async fn concurrency_per_upstream_is_bounded_and_counts_are_live() {
     let upstream = MockUpstream::start().await;
     upstream.delay(Duration::from_millis(40));
     let data = TempDir::new().unwrap();
-    let (_serve, client) = serve_with(&data, &upstream, 3, "", "");
+    let (serve, client) = serve_with(&data, &upstream, 3, "", "");
     let custom_ids = ids("line", 60);
     let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
     let id = batch["id"].as_str().unwrap().to_owned();
@@ -177,7 +177,9 @@ async fn concurrency_per_upstream_is_bounded_and_counts_are_live() {
     assert_eq!(upstream.total_calls(), 60, "each line sent exactly once");
 
     // The metrics that the README documents, as Prometheus scrapes them.
-    let metrics = reqwest::get(format!("{}/metrics", client.url)).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::get(&serve.metrics_url).await.unwrap().text().await.unwrap();
+    let on_the_api = reqwest::get(format!("{}/metrics", client.url)).await.unwrap();
+    assert_eq!(on_the_api.status(), 404, "metrics name every project: never on the API's address");
     let batches = client.wait(&id, MINUTE, |b| b["status"] == "completed").await;
     assert_eq!(batches["status"], "completed");
     for expected in [
@@ -463,7 +465,7 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
     assert_eq!(batch["status"], "completed", "{batch}");
     let results = client.results(&batch, &custom_ids).await;
     assert_eq!(results.output.len(), 40);
-    let metrics = reqwest::get(format!("{}/metrics", serve.url)).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::get(&serve.metrics_url).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("nightshift_superseded_runs_total 1"), "serve's run of shard 0 was superseded once");
 
     let store = s3.store();
@@ -502,7 +504,7 @@ async fn a_restart_removes_a_killed_uploads_temp_file_and_a_second_serve_is_refu
     std::fs::write(&orphan, vec![0u8; 64 * 1024]).unwrap();
 
     let second = std::process::Command::new(env!("CARGO_BIN_EXE_nightshift"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir"])
         .arg(&dir)
         .output()
         .unwrap();

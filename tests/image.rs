@@ -69,7 +69,15 @@ async fn serve_runs_a_batch_in_the_image_on_a_read_only_root_filesystem() {
     run(podman()
         .args(["run", "--detach", "--name", &name, "--network", "host", "--read-only"])
         .args(["--tmpfs", "/tmp:rw,size=64m,mode=1777", &image])
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir", "/tmp/data"]));
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "/tmp/data",
+        ]));
 
     // serve prints the dev project's credentials, then its address.
     let (project, key) = common::cluster::eventually("serve to print its credentials", 60, || async {

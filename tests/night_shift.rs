@@ -28,7 +28,7 @@ fn start(dir: &TempDir, extra: &str) -> (Serve, Client) {
 
 /// A value of serve's `/metrics` (the first series whose line starts with `series`).
 async fn metric(serve: &Serve, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{}/metrics", serve.url)).await.ok()?.text().await.ok()?;
+    let text = reqwest::get(&serve.metrics_url).await.ok()?.text().await.ok()?;
     text.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
 }
 

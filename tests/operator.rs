@@ -145,7 +145,17 @@ impl Operator {
         env.push(("KUBECONFIG", kubeconfig.display().to_string()));
         let config = self.config.display().to_string();
         let (child, line) = spawn(
-            &["api", "--config", &config, "--listen", "127.0.0.1:0", "--namespace", NS],
+            &[
+                "api",
+                "--config",
+                &config,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--namespace",
+                NS,
+            ],
             &env,
             "listening on",
             &self.dir.path().join(format!("{name}.log")),
@@ -259,7 +269,17 @@ impl Operator {
         api_env.push(("KUBECONFIG", api_kubeconfig.display().to_string()));
         let config_arg = config.display().to_string();
         let (api, line) = spawn(
-            &["api", "--config", &config_arg, "--listen", "127.0.0.1:0", "--namespace", NS],
+            &[
+                "api",
+                "--config",
+                &config_arg,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--namespace",
+                NS,
+            ],
             &api_env,
             "listening on",
             &dir.path().join("api.log"),

@@ -23,7 +23,17 @@ fn serve(dir: &TempDir) -> (Process, String) {
     )
     .unwrap();
     let data = dir.path().join("data").display().to_string();
-    let args = ["serve", "--config", config.to_str().unwrap(), "--listen", "127.0.0.1:0", "--data-dir", &data];
+    let args = [
+        "serve",
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+    ];
     let (process, line) = spawn(&args, &[], "listening on", &dir.path().join("serve.log"));
     (process, line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned())
 }

@@ -28,7 +28,8 @@ fn serve(dir: &Path, s3: &TestS3, settings: &str, env: &[(&str, String)]) -> (Pr
     let mut env: Vec<(&str, String)> = env.to_vec();
     env.push(("HOME", dir.display().to_string()));
     env.push(("AWS_EC2_METADATA_DISABLED", "true".into()));
-    let args = ["serve", "--config", config.to_str().unwrap(), "--listen", "127.0.0.1:0"];
+    let args =
+        ["serve", "--config", config.to_str().unwrap(), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
     let (process, line) = spawn(&args, &env, "listening on", &dir.join("serve.log"));
     let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
     (process, Client::new(&url, PROJECT, KEY))

@@ -24,7 +24,7 @@ struct Setup {
     proxy: FaultProxy,
     upstream: MockUpstream,
     client: Client,
-    _serve: Serve,
+    serve: Serve,
     _dir: TempDir,
 }
 
@@ -46,7 +46,7 @@ async fn setup(upstream_delay: Duration) -> Setup {
     );
     let serve = Serve::start_configured(&config);
     let client = Client::new(&serve.url, common::PROJECT, common::KEY);
-    Setup { s3, proxy, upstream, client, _serve: serve, _dir: dir }
+    Setup { s3, proxy, upstream, client, serve, _dir: dir }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -85,13 +85,13 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
     setup.client.wait(&id, MINUTE, |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 20).await;
     let mut report = Vec::new();
     for fault in faults::ALL {
-        let retries_before = commit_retries(&setup.client).await;
+        let retries_before = commit_retries(&setup.serve).await;
         setup.proxy.inject(fault);
         // Once a commit has failed, its lines keep their permits, the lines in flight
         // finish and wait for it too, and dispatch pauses: nothing is at the upstream,
         // and nothing comes.
         let deadline = Instant::now() + MINUTE;
-        while commit_retries(&setup.client).await == retries_before || setup.upstream.in_flight() > 0 {
+        while commit_retries(&setup.serve).await == retries_before || setup.upstream.in_flight() > 0 {
             assert!(Instant::now() < deadline, "{fault:?}: dispatch never paused");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -123,8 +123,8 @@ async fn a_running_batch_pauses_under_each_storage_fault_and_resumes_with_every_
 }
 
 /// `nightshift_commit_retries_total` of serve: commits that storage refused.
-async fn commit_retries(client: &Client) -> u64 {
-    let metrics = reqwest::get(format!("{}/metrics", client.url)).await.unwrap().text().await.unwrap();
+async fn commit_retries(serve: &Serve) -> u64 {
+    let metrics = reqwest::get(&serve.metrics_url).await.unwrap().text().await.unwrap();
     let line = metrics.lines().find(|line| line.starts_with("nightshift_commit_retries_total ")).unwrap();
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }

@@ -4,10 +4,16 @@
 
 mod common;
 
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
 use axum::http::StatusCode;
 use common::multipart::Form;
 use common::{Answer, Backend, OTHER_KEY, OTHER_PROJECT, TestApp};
 use md5::{Digest, Md5};
+use nightshift::storage::{ByteStream, Key, ObjectStore, ObjectWriter, StorageError};
 use serde_json::{Value, json};
 
 fn line(n: usize) -> String {
@@ -173,8 +179,18 @@ async fn a_wrong_md5_unknown_parts_or_a_wrong_total_leave_the_upload_pending() {
 }
 
 #[tokio::test]
-async fn parts_past_the_declared_size_or_64_mb_are_refused() {
-    let (_b, app) = app().await;
+async fn parts_past_the_declared_size_or_64_mb_are_refused_on_a_directory() {
+    let (_b, store) = Backend::dir().await;
+    part_limits(TestApp::new(store).await).await;
+}
+
+#[tokio::test]
+async fn parts_past_the_declared_size_or_64_mb_are_refused_on_s3() {
+    let (_b, store) = Backend::s3().await;
+    part_limits(TestApp::new(store).await).await;
+}
+
+async fn part_limits(app: TestApp) {
     let upload = create(&app, 10).await;
     let id = upload["id"].as_str().unwrap();
     part(&app, id, b"01234").await;
@@ -194,6 +210,54 @@ async fn parts_past_the_declared_size_or_64_mb_are_refused() {
     // Nothing of the refused parts stays: only the one part of the first upload.
     let kept = app.store.list("upload-parts/").await.unwrap();
     assert_eq!(kept.len(), 2, "the part and its size mark: {kept:?}");
+}
+
+/// A store that counts the listings of upload parts.
+struct CountingListings {
+    store: Arc<dyn ObjectStore>,
+    part_listings: AtomicUsize,
+}
+
+#[async_trait]
+impl ObjectStore for CountingListings {
+    async fn writer(&self, key: &Key) -> Result<Box<dyn ObjectWriter>, StorageError> {
+        self.store.writer(key).await
+    }
+    async fn read(&self, key: &Key, range: Option<Range<u64>>) -> Result<ByteStream, StorageError> {
+        self.store.read(key, range).await
+    }
+    async fn size(&self, key: &Key) -> Result<Option<u64>, StorageError> {
+        self.store.size(key).await
+    }
+    async fn delete(&self, key: &Key) -> Result<(), StorageError> {
+        self.store.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>, StorageError> {
+        if prefix.starts_with("upload-parts/") {
+            self.part_listings.fetch_add(1, Ordering::Relaxed);
+        }
+        self.store.list(prefix).await
+    }
+}
+
+#[tokio::test]
+async fn adding_a_part_costs_the_same_however_many_the_upload_has() {
+    let (_b, store) = Backend::dir().await;
+    let counting = Arc::new(CountingListings { store, part_listings: AtomicUsize::new(0) });
+    let app = TestApp::new(counting.clone()).await;
+    let upload = create(&app, 1_000).await;
+    let id = upload["id"].as_str().unwrap();
+    let mut parts = Vec::new();
+    for _ in 0..50 {
+        parts.push(part(&app, id, b"0123456789").await);
+    }
+    let listings = counting.part_listings.load(Ordering::Relaxed);
+    assert_eq!(listings, 1, "the upload's parts are listed once, not once per part");
+    // The count in memory still bounds the upload: its size is all taken.
+    try_part(&app, id, &[b'x'; 501]).await.error(StatusCode::BAD_REQUEST, "upload_size_exceeded");
+    parts.push(part(&app, id, &[b'y'; 500]).await);
+    let done = complete(&app, id, json!({ "part_ids": parts })).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.json());
 }
 
 #[tokio::test]

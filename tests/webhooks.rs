@@ -76,8 +76,9 @@ async fn an_event_is_signed_and_retried_with_the_same_id_across_a_restart() {
     assert_eq!(receiver.received().len(), 2);
 }
 
+/// A value of serve's `/metrics` (at `url`, its own address).
 async fn metric(url: &str, series: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
     text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
 }
 
@@ -103,15 +104,35 @@ async fn dead_and_internal_endpoints_never_hold_batches_up() {
     batches.sort();
     assert_eq!(delivered, batches, "the live endpoint got every event, once");
     for _ in 0..50 {
-        if metric(&serve.url, "nightshift_webhook_deliveries_total{outcome=\"refused\"}").await >= 3.0 {
+        if metric(&serve.metrics_url, "nightshift_webhook_deliveries_total{outcome=\"refused\"}").await >= 3.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(metric(&serve.url, "nightshift_webhook_deliveries_total{outcome=\"refused\"}").await >= 3.0);
-    assert!(metric(&serve.url, "nightshift_webhook_deliveries_total{outcome=\"failed\"}").await >= 3.0);
-    assert_eq!(metric(&serve.url, "nightshift_webhook_deliveries_total{outcome=\"delivered\"}").await, 3.0);
-    assert_eq!(metric(&serve.url, "nightshift_webhook_events_pending").await, 3.0, "kept for the other two");
+    assert!(metric(&serve.metrics_url, "nightshift_webhook_deliveries_total{outcome=\"refused\"}").await >= 3.0);
+    assert!(metric(&serve.metrics_url, "nightshift_webhook_deliveries_total{outcome=\"failed\"}").await >= 3.0);
+    assert_eq!(metric(&serve.metrics_url, "nightshift_webhook_deliveries_total{outcome=\"delivered\"}").await, 3.0);
+    assert_eq!(metric(&serve.metrics_url, "nightshift_webhook_events_pending").await, 3.0, "kept for the other two");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_the_guard_refuses_is_counted_as_refused_only() {
+    let dir = TempDir::new().unwrap();
+    // IPv4 loopback carried in a NAT64 address: internal, and not in allowed_hosts.
+    let config = config(&dir, &["http://[64:ff9b::127.0.0.1]/hook"], "");
+    let (serve, client) = start(&dir, &config);
+    run_batch(&client, 2).await;
+    run_batch(&client, 2).await;
+    let refused = "nightshift_webhook_deliveries_total{outcome=\"refused\"}";
+    for _ in 0..50 {
+        if metric(&serve.metrics_url, refused).await >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(&serve.metrics_url, refused).await, 2.0, "one refused attempt per event so far");
+    let failed = metric(&serve.metrics_url, "nightshift_webhook_deliveries_total{outcome=\"failed\"}").await;
+    assert_eq!(failed, 0.0, "a refused attempt is not also a failed one");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,16 @@ impl Drop for Process {
 pub fn spawn(config: &Path, data: &Path, log: &str) -> (Process, String) {
     let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
     let mut child = Command::new(&nightshift)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+        ])
         .arg(data)
         .env("RUST_LOG", log)
         .stdout(Stdio::piped())

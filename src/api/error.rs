@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 
-use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -138,8 +137,9 @@ struct Body<'a> {
     line: Option<u64>,
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The envelope, as the body of a response.
+    pub fn envelope_json(&self) -> Vec<u8> {
         let envelope = Envelope {
             error: Body {
                 message: &self.message,
@@ -149,7 +149,14 @@ impl IntoResponse for ApiError {
                 line: self.line,
             },
         };
-        let mut response = (self.status, Json(envelope)).into_response();
+        serde_json::to_vec(&envelope).expect("an envelope serializes")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let headers = [(axum::http::header::CONTENT_TYPE, "application/json")];
+        let mut response = (self.status, headers, self.envelope_json()).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
         }

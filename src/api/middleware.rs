@@ -116,6 +116,18 @@ pub fn cors() -> CorsLayer {
         .max_age(Duration::from_secs(86400))
 }
 
+/// A CORS preflight answered by [`cors`] is the spec's `204` (success with no body);
+/// the layer itself answers 200.
+pub async fn preflight_no_content(request: Request, next: Next) -> Response {
+    let preflight = request.method() == Method::OPTIONS
+        && request.headers().contains_key(axum::http::header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = next.run(request).await;
+    if preflight && response.status() == StatusCode::OK {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
+}
+
 /// Authenticates `x-project-id` + `x-api-key` (or a bearer key) and hands the project to the handler,
 /// within the rate limits: a client's failed attempts, then the project's requests.
 pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {

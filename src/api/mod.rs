@@ -50,7 +50,8 @@ pub struct AppState {
     pub limits: Arc<limits::RateLimits>,
 }
 
-/// `/metrics`, in the OpenMetrics text format (the api's and the controller's).
+/// `/metrics`, in the OpenMetrics text format, served on an address of its own (see
+/// `roles::serve_metrics`), never by the API's router.
 pub async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
@@ -72,11 +73,11 @@ pub fn router(state: AppState) -> Router {
         // (and, for readiness, not draining).
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(drain::readyz).with_state(drain.clone()))
-        .route("/metrics", axum::routing::get(metrics))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
         .layer(middleware::cors())
+        .layer(from_fn(middleware::preflight_no_content))
         .layer(middleware::catch_panic())
         .layer(from_fn_with_state(drain, drain::close_connections))
         .layer(from_fn(middleware::request_id))

@@ -1,7 +1,10 @@
 //! Load signals: a model server's own Prometheus metrics, read every 100 ms unless
 //! configured otherwise, say whether its interactive requests are queueing (vLLM's
-//! `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`) or its KV cache is
-//! nearly full (`vllm:kv_cache_usage_perc`, `sglang:token_usage`). Batch dispatch then
+//! `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`, llama.cpp's
+//! `llamacpp:requests_deferred`, TensorRT-LLM's `trtllm_num_requests_waiting`, Dynamo's
+//! `dynamo_frontend_queued_requests`) or its KV cache is nearly full
+//! (`vllm:kv_cache_usage_perc`, `sglang:token_usage`, `trtllm_kv_cache_utilization`;
+//! llama.cpp and Dynamo's frontend publish none). Batch dispatch then
 //! backs off at once, and grows back once they drain ([`super::gate`]). A signal that
 //! fails, times out or makes no sense never stops batches: the throughput rule alone
 //! governs then, and a metric says so.
@@ -20,6 +23,52 @@ pub enum ServerKind {
     #[default]
     Vllm,
     Sglang,
+    /// llama.cpp's `llama-server` (started with `--metrics`).
+    Llamacpp,
+    /// TensorRT-LLM's `trtllm-serve`.
+    Trtllm,
+    /// NVIDIA Dynamo's frontend.
+    Dynamo,
+}
+
+impl ServerKind {
+    /// The metric of requests waiting; of several names, the first present counts.
+    fn waiting(self) -> &'static [&'static str] {
+        match self {
+            Self::Vllm => &["vllm:num_requests_waiting"],
+            Self::Sglang => &["sglang:num_queue_reqs"],
+            Self::Llamacpp => &["llamacpp:requests_deferred"],
+            Self::Trtllm => &["trtllm_num_requests_waiting"],
+            Self::Dynamo => &["dynamo_frontend_queued_requests"],
+        }
+    }
+
+    fn kv_cache(self) -> &'static [&'static str] {
+        match self {
+            // Older vLLM releases call it gpu_cache_usage_perc.
+            Self::Vllm => &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+            Self::Sglang => &["sglang:token_usage"],
+            Self::Trtllm => &["trtllm_kv_cache_utilization"],
+            Self::Llamacpp | Self::Dynamo => &[],
+        }
+    }
+
+    fn running(self) -> &'static [&'static str] {
+        match self {
+            Self::Vllm => &["vllm:num_requests_running"],
+            Self::Sglang => &["sglang:num_running_reqs"],
+            // Busy slots.
+            Self::Llamacpp => &["llamacpp:requests_processing"],
+            Self::Trtllm => &["trtllm_num_requests_running"],
+            // In flight through the frontend: running and queued together.
+            Self::Dynamo => &["dynamo_frontend_inflight_requests"],
+        }
+    }
+
+    /// Whether its running metric counts the waiting requests too.
+    fn running_counts_waiting(self) -> bool {
+        self == Self::Dynamo
+    }
 }
 
 /// `upstreams[].load_signal`: where a server's metrics are and when it is busy.
@@ -84,28 +133,23 @@ impl LoadSignalConfig {
 
     /// The waiting metric's names, the first present counting.
     fn waiting_metrics(&self) -> Vec<&str> {
-        match (&self.waiting_metric, self.server) {
-            (Some(name), _) => vec![name],
-            (None, ServerKind::Vllm) => vec!["vllm:num_requests_waiting"],
-            (None, ServerKind::Sglang) => vec!["sglang:num_queue_reqs"],
-        }
+        named_or(&self.waiting_metric, self.server.waiting())
     }
 
     fn kv_cache_metrics(&self) -> Vec<&str> {
-        match (&self.kv_cache_metric, self.server) {
-            (Some(name), _) => vec![name],
-            // Older vLLM releases call it gpu_cache_usage_perc.
-            (None, ServerKind::Vllm) => vec!["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
-            (None, ServerKind::Sglang) => vec!["sglang:token_usage"],
-        }
+        named_or(&self.kv_cache_metric, self.server.kv_cache())
     }
 
     fn running_metrics(&self) -> Vec<&str> {
-        match (&self.running_metric, self.server) {
-            (Some(name), _) => vec![name],
-            (None, ServerKind::Vllm) => vec!["vllm:num_requests_running"],
-            (None, ServerKind::Sglang) => vec!["sglang:num_running_reqs"],
-        }
+        named_or(&self.running_metric, self.server.running())
+    }
+}
+
+/// The metric named in the configuration, else the server's own names.
+fn named_or<'a>(named: &'a Option<String>, defaults: &'static [&'static str]) -> Vec<&'a str> {
+    match named {
+        Some(name) => vec![name.as_str()],
+        None => defaults.to_vec(),
     }
 }
 
@@ -141,7 +185,11 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
         .ok_or_else(|| format!("no {} in the metrics", config.waiting_metrics().join(" or ")))??;
     let kv_cache_usage =
         config.kv_cache_metrics().into_iter().find_map(|name| fold(text, name, f64::max)).transpose()?;
-    let running = config.running_metrics().into_iter().find_map(|name| fold(text, name, |a, b| a + b)).transpose()?;
+    let mut running =
+        config.running_metrics().into_iter().find_map(|name| fold(text, name, |a, b| a + b)).transpose()?;
+    if config.running_metric.is_none() && config.server.running_counts_waiting() {
+        running = running.map(|in_flight| (in_flight - waiting).max(0.0));
+    }
     for (what, count) in [("waiting", Some(waiting)), ("running", running)] {
         if let Some(count) = count
             && (!count.is_finite() || count < 0.0)
@@ -236,6 +284,35 @@ mod tests {
             parse("tgi_queue_size 7\ntgi_batch_current_size 3\n", &named),
             Ok(Reading { waiting: 7.0, kv_cache_usage: None, running: Some(3.0) })
         );
+    }
+
+    /// Each preset against an exposition in its server's own names (llama-server's as it
+    /// prints them; TensorRT-LLM's and Dynamo's as their docs list them).
+    #[test]
+    fn readings_of_llamacpp_trtllm_and_dynamo() {
+        let llamacpp = config("url: http://llama:8080/metrics\nserver: llamacpp");
+        let text = "# HELP llamacpp:requests_processing Number of requests processing.\n\
+            # TYPE llamacpp:requests_processing gauge\n\
+            llamacpp:requests_processing 4\n\
+            # TYPE llamacpp:requests_deferred gauge\n\
+            llamacpp:requests_deferred 2\n\
+            llamacpp:prompt_tokens_total 1200\n";
+        assert_eq!(parse(text, &llamacpp), Ok(Reading { waiting: 2.0, kv_cache_usage: None, running: Some(4.0) }));
+        let trtllm = config("url: http://trt:8000/prometheus/metrics\nserver: trtllm");
+        let text = "trtllm_num_requests_waiting{model_name=\"m\"} 1\n\
+            trtllm_num_requests_running{model_name=\"m\"} 60\n\
+            trtllm_kv_cache_utilization{model_name=\"m\"} 0.42\n";
+        assert_eq!(parse(text, &trtllm), Ok(Reading { waiting: 1.0, kv_cache_usage: Some(0.42), running: Some(60.0) }));
+        let dynamo = config("url: http://dynamo:8000/metrics\nserver: dynamo");
+        let text = "dynamo_frontend_queued_requests{model=\"m\"} 3\n\
+            dynamo_frontend_inflight_requests{model=\"m\"} 19\n";
+        let reading = parse(text, &dynamo).unwrap();
+        assert_eq!(
+            reading,
+            Reading { waiting: 3.0, kv_cache_usage: None, running: Some(16.0) },
+            "in flight less queued"
+        );
+        assert!(matches!(reading.pressure(&dynamo), Pressure::Queueing { .. }));
     }
 
     #[test]

@@ -41,6 +41,29 @@ pub struct Config {
     /// How webhooks are delivered (`serve` and `controller`).
     #[serde(default)]
     pub webhooks: crate::webhooks::WebhooksConfig,
+    /// Where `serve` and `api` serve `/metrics` (never on the API's own address).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `/metrics` has its own address: its series name every project, so it is for the
+/// operator's Prometheus, not for whoever reaches the API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// The address; `null` serves no metrics.
+    #[serde(default = "default_metrics_listen")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { listen: default_metrics_listen() }
+    }
+}
+
+fn default_metrics_listen() -> Option<SocketAddr> {
+    Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
 }
 
 /// What a client may hold of the API's HTTP server, so that slow or idle clients can't
@@ -58,6 +81,14 @@ pub struct HttpConfig {
     /// Connections served at once; more wait to be accepted.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Connections one client (an IPv4 address, an IPv6 /64) may hold at once; more from
+    /// it are closed at once. Behind a proxy every client is the proxy: raise it there.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// On shutdown, how long requests in progress (a download to a slow reader) may take
+    /// to finish before they are cut.
+    #[serde(default = "default_shutdown_timeout", deserialize_with = "duration::deserialize_precise")]
+    pub shutdown_timeout: Duration,
     /// Uploads received at once; more are answered 429 with `retry-after`.
     #[serde(default = "default_max_uploads")]
     pub max_uploads: usize,
@@ -86,6 +117,12 @@ fn default_body_idle_timeout() -> Duration {
 fn default_max_connections() -> usize {
     4096
 }
+fn default_max_connections_per_client() -> usize {
+    256
+}
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(20)
+}
 fn default_max_uploads() -> usize {
     64
 }
@@ -96,6 +133,8 @@ impl Default for HttpConfig {
             header_timeout: default_header_timeout(),
             body_idle_timeout: default_body_idle_timeout(),
             max_connections: default_max_connections(),
+            max_connections_per_client: default_max_connections_per_client(),
+            shutdown_timeout: default_shutdown_timeout(),
             max_uploads: default_max_uploads(),
             requests_per_minute: default_requests_per_minute(),
             failed_auth_per_minute: default_failed_auth_per_minute(),
@@ -119,6 +158,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             kubernetes: KubernetesConfig::default(),
             webhooks: Default::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -496,10 +536,15 @@ impl Config {
             }
         }
         let http = &self.http;
-        if [http.max_connections, http.max_uploads].contains(&0)
+        if [http.max_connections, http.max_connections_per_client, http.max_uploads].contains(&0)
             || [http.requests_per_minute, http.failed_auth_per_minute].contains(&0)
         {
             return invalid("http: every limit must be at least 1".into());
+        }
+        if self.metrics.listen.is_some_and(|metrics| metrics == self.listen && metrics.port() != 0) {
+            return invalid(
+                "metrics.listen must differ from listen: /metrics is not served on the API's address".into(),
+            );
         }
         if self.webhooks.timeout.is_zero() || self.webhooks.give_up_after.is_zero() {
             return invalid("webhooks.timeout and webhooks.give_up_after must be longer than 0s".into());

@@ -31,6 +31,9 @@ pub struct ApiArgs {
     /// Namespace of Batches and Projects; overrides `kubernetes.namespace`.
     #[arg(long, env = "NIGHTSHIFT_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Address of `/metrics`; overrides `metrics.listen`.
+    #[arg(long, env = "NIGHTSHIFT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The namespace to work in: the flag, the configuration, the pod's own, or `default`.
@@ -48,6 +51,9 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     };
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if let Some(metrics) = args.metrics_listen {
+        config.metrics.listen = Some(metrics);
     }
     let namespace = namespace(args.namespace.as_deref(), &config);
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API")?;
@@ -86,6 +92,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
                 .collect()
         }
     }));
+    super::serve_metrics(config.metrics.listen).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -14,6 +14,24 @@ use anyhow::Context;
 use crate::config::StorageConfig;
 use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store, StaticKeys};
 
+/// Serves `/metrics` on `address`, if any, for as long as the process runs; says where.
+pub async fn serve_metrics(address: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+    let Some(address) = address else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot serve /metrics on {address} (metrics.listen)"))?;
+    println!("Nightshift metrics on http://{}/metrics", listener.local_addr()?);
+    tokio::spawn(async move {
+        let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
 /// The object store the configuration names.
 pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
     if let Some(s3) = &config.s3 {

@@ -74,6 +74,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let webhooks = tokio::spawn(deliverer.run(std::time::Duration::from_secs(1)));
     let retention = tokio::spawn(run_retention_loop(batches, config.batches.retention, config.files.gc_interval));
     let reconciler = tokio::spawn(runner.run());
+    super::serve_metrics(config.metrics.listen).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

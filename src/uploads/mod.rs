@@ -4,11 +4,12 @@
 //!
 //! [`request`] parses and checks what clients send (pure); [`record`] is the stored Upload
 //! and the objects it is shown as; [`store`] keeps uploads and parts in object storage and
-//! assembles the file.
+//! assembles the file; [`tally`] counts what each pending upload holds.
 
 pub mod record;
 pub mod request;
 pub mod store;
+mod tally;
 
 pub use record::{PartObject, UploadObject, UploadRecord, UploadStatus};
 pub use request::{CompleteUpload, NewUpload, RequestError};

@@ -14,6 +14,7 @@ use md5::{Digest, Md5};
 
 use super::record::{PartObject, UploadRecord, UploadStatus};
 use super::request::{CompleteUpload, NewUpload};
+use super::tally::{PartSlot, Tallies, Tally};
 use super::{MAX_PART_BYTES, MAX_PARTS, UPLOAD_LIFETIME_SECONDS};
 use crate::clock::UnixSeconds;
 use crate::files::{FileCatalog, FileRecord, NewFile};
@@ -92,11 +93,13 @@ fn finished_parts(keys: &[Key]) -> HashMap<String, u64> {
 #[derive(Clone)]
 pub struct UploadStore {
     files: FileCatalog,
+    /// What each pending upload holds, so that a part begins without a listing.
+    tallies: Tallies,
 }
 
 impl UploadStore {
     pub fn new(files: FileCatalog) -> Self {
-        Self { files }
+        Self { files, tallies: Tallies::default() }
     }
 
     fn store(&self) -> &dyn ObjectStore {
@@ -161,22 +164,18 @@ impl UploadStore {
         now: UnixSeconds,
     ) -> Result<PartWriter, UploadError> {
         let record = self.pending(project, raw_id, now).await?;
-        let parts = finished_parts(&self.part_keys(&record).await?);
-        if parts.len() >= MAX_PARTS {
-            return Err(UploadError::TooManyParts { id: record.id });
+        if self.tallies.get(&record.id).is_none() {
+            let parts = finished_parts(&self.part_keys(&record).await?);
+            let bytes = parts.values().sum();
+            self.tallies.learn(&record.id, Tally { parts: parts.len(), bytes, expires_at: record.expires_at });
         }
-        let held: u64 = parts.values().sum();
+        let (room, slot) = self
+            .tallies
+            .begin(&record.id, MAX_PARTS, record.bytes)
+            .map_err(|_| UploadError::TooManyParts { id: record.id.clone() })?;
         let id = PartId::generate();
         let writer = self.store().writer(&part_key(project, &record.id, &id)).await?;
-        Ok(PartWriter {
-            store: self.clone(),
-            room: record.bytes.saturating_sub(held),
-            record,
-            id,
-            writer,
-            written: 0,
-            created_at: now,
-        })
+        Ok(PartWriter { store: self.clone(), room, record, id, writer, slot, written: 0, created_at: now })
     }
 
     /// Assembles the parts, in the order given, into the upload's file. The same
@@ -240,6 +239,7 @@ impl UploadStore {
         record.status = UploadStatus::Completed;
         record.part_ids = parts;
         self.write(&record).await?;
+        self.tallies.forget(&record.id);
         self.drop_parts(&record).await;
         Ok((record, Some(file)))
     }
@@ -271,6 +271,7 @@ impl UploadStore {
         }
         record.status = UploadStatus::Cancelled;
         self.write(&record).await?;
+        self.tallies.forget(&record.id);
         self.drop_parts(&record).await;
         Ok(record)
     }
@@ -293,6 +294,7 @@ impl UploadStore {
     /// past their hour, and parts whose upload has no record; returns how many uploads
     /// it cleared.
     pub async fn collect_garbage(&self, now: UnixSeconds) -> Result<usize, StorageError> {
+        self.tallies.forget_expired(now);
         let mut cleared = 0;
         let mut recorded = std::collections::HashSet::new();
         for key in self.store().list("uploads/").await? {
@@ -340,6 +342,8 @@ pub struct PartWriter {
     writer: Box<dyn ObjectWriter>,
     /// What the upload's size leaves for this part.
     room: u64,
+    /// Its place among the upload's parts.
+    slot: PartSlot,
     written: u64,
     created_at: UnixSeconds,
 }
@@ -373,6 +377,7 @@ impl PartWriter {
             let _ = self.store.store().delete(&part_key(project, upload, &self.id)).await;
             return Err(error.into());
         }
+        self.slot.finish(bytes);
         Ok(PartObject { id: self.id, object: "upload.part", created_at: self.created_at, upload_id: self.record.id })
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! The line is parsed completely (so invalid JSON anywhere is caught) but only the
 //! fields the rules need are kept; everything else, the bulk of `body` included, is
-//! skipped without being built. Duplicate keys resolve as in `JSON.parse`: last wins.
+//! skipped without being built. A key repeated in the line or in its `body` makes the
+//! line invalid: which of the two values counts is a guess, and executing the line would
+//! have to guess again (the record then could not be matched to the line).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -31,6 +33,8 @@ pub enum Body<'a> {
         /// Whether `body.input` and `body.prompt` are there (and not null).
         input: bool,
         prompt: bool,
+        /// The first key the body repeats.
+        repeated: Option<String>,
     },
 }
 
@@ -42,11 +46,13 @@ pub struct LineFacts<'a> {
     pub body: Body<'a>,
 }
 
-/// Why a line is not even a JSON object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a line is not even a JSON object whose keys each appear once.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shape {
     NotJson,
     NotObject,
+    /// A key appears twice: its path (`custom_id`, `body.model`).
+    RepeatedKey(String),
 }
 
 impl<'a> LineFacts<'a> {
@@ -55,7 +61,39 @@ impl<'a> LineFacts<'a> {
         let mut deserializer = serde_json::Deserializer::from_str(text);
         let facts = deserializer.deserialize_any(LineVisitor).map_err(|_| Shape::NotJson)?;
         deserializer.end().map_err(|_| Shape::NotJson)?;
-        facts.ok_or(Shape::NotObject)
+        let (facts, repeated) = facts.ok_or(Shape::NotObject)?;
+        let repeated = repeated.or_else(|| match &facts.body {
+            Body::Object { repeated: Some(key), .. } => Some(format!("body.{key}")),
+            _ => None,
+        });
+        match repeated {
+            Some(path) => Err(Shape::RepeatedKey(path)),
+            None => Ok(facts),
+        }
+    }
+}
+
+/// The keys of one object seen so far: a short list while it is short, a set after, so
+/// that a line of a million keys costs no more than linear time.
+#[derive(Default)]
+struct SeenKeys<'a> {
+    few: Vec<Cow<'a, str>>,
+    many: std::collections::HashSet<Cow<'a, str>>,
+}
+
+impl<'a> SeenKeys<'a> {
+    const FEW: usize = 16;
+
+    /// Adds `key`; false when it was there already.
+    fn insert(&mut self, key: Cow<'a, str>) -> bool {
+        if self.few.contains(&key) {
+            return false;
+        }
+        if self.few.len() < Self::FEW {
+            self.few.push(key);
+            return true;
+        }
+        self.many.insert(key)
     }
 }
 
@@ -89,7 +127,8 @@ macro_rules! accept_any_value {
 struct LineVisitor;
 
 impl<'de> Visitor<'de> for LineVisitor {
-    type Value = Option<LineFacts<'de>>;
+    /// The facts, with the first top-level key repeated; `None` if not an object.
+    type Value = Option<(LineFacts<'de>, Option<String>)>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
@@ -103,7 +142,11 @@ impl<'de> Visitor<'de> for LineVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut facts = LineFacts::default();
+        let (mut seen, mut repeated) = (SeenKeys::default(), None);
         while let Some(key) = map.next_key::<Key<'de>>()? {
+            if !seen.insert(key.0.clone()) && repeated.is_none() {
+                repeated = Some(key.0.clone().into_owned());
+            }
             match key.0.as_ref() {
                 "custom_id" => facts.custom_id = map.next_value::<TextSeed<'de>>()?.0,
                 "method" => facts.method = map.next_value::<TextSeed<'de>>()?.0,
@@ -114,7 +157,7 @@ impl<'de> Visitor<'de> for LineVisitor {
                 }
             }
         }
-        Ok(Some(facts))
+        Ok(Some((facts, repeated)))
     }
 }
 
@@ -188,8 +231,12 @@ impl<'de> Visitor<'de> for BodyVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut keys, mut stream_true, mut model, mut input, mut prompt) = (0, false, Text::Missing, false, false);
+        let (mut seen, mut repeated) = (SeenKeys::default(), None);
         while let Some(key) = map.next_key::<Key<'de>>()? {
             keys += 1;
+            if !seen.insert(key.0.clone()) && repeated.is_none() {
+                repeated = Some(key.0.clone().into_owned());
+            }
             match key.0.as_ref() {
                 "stream" => stream_true = map.next_value::<Literal>()? == Literal::True,
                 "model" => model = map.next_value::<TextSeed<'de>>()?.0,
@@ -200,7 +247,7 @@ impl<'de> Visitor<'de> for BodyVisitor {
                 }
             }
         }
-        Ok(Body::Object { keys, stream_true, model, input, prompt })
+        Ok(Body::Object { keys, stream_true, model, input, prompt, repeated })
     }
 }
 

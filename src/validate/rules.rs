@@ -117,6 +117,17 @@ impl InvalidInput {
         match shape {
             Shape::NotJson => Self::at(n, format!("Line {n} is not valid JSON"), None),
             Shape::NotObject => Self::at(n, format!("Line {n} must be a JSON object"), None),
+            Shape::RepeatedKey(path) => {
+                let param = match path.as_str() {
+                    "custom_id" => Some("custom_id"),
+                    "method" => Some("method"),
+                    "url" => Some("url"),
+                    "body" => Some("body"),
+                    "body.model" => Some("body.model"),
+                    _ => None,
+                };
+                Self::at(n, format!("Line {n} has the key \"{path}\" more than once; each key may appear once"), param)
+            }
         }
     }
 }

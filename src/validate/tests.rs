@@ -259,12 +259,6 @@ fn crlf_line_endings_are_accepted() {
 }
 
 #[test]
-fn duplicate_keys_resolve_like_json_parse_last_wins() {
-    let input = r#"{"custom_id":5,"custom_id":"ok","method":"GET","method":"POST","url":"/v1/chat/completions","body":{"stream":true,"stream":false,"m":1}}"#;
-    assert!(validate(input.as_bytes(), URL, 5000).is_ok());
-}
-
-#[test]
 fn shards_cover_every_request_with_exact_byte_ranges() {
     let lines: Vec<String> = (0..23).map(|n| line(&format!("r{n}"))).collect();
     let mut input = Vec::new();
@@ -435,4 +429,40 @@ fn enabled_endpoints_check_their_essential_body_fields() {
         .unwrap_err();
     assert_eq!(error.message, "Line 1 url \"/v1/embeddings\" is not an allowed batch endpoint");
     assert_eq!(Endpoints::from_urls(&["/v1/images"]), Err("/v1/images".to_owned()));
+}
+
+#[test]
+fn a_key_repeated_in_a_line_or_its_body_refuses_the_line() {
+    let cases = [
+        (r#""custom_id":"b","#, r#""custom_id":"b","custom_id":"c","#, "custom_id", Some("custom_id")),
+        (r#""method":"POST","#, r#""method":"POST","method":"POST","#, "method", Some("method")),
+        (r#""url":"#, r#""url":"/v1/chat/completions","url":"#, "url", Some("url")),
+        (r#""body":{"#, r#""body":{},"body":{"#, "body", Some("body")),
+        (r#""model":"m","#, r#""model":"m","model":"other","#, "body.model", Some("body.model")),
+        (r#""model":"m","#, r#""model":"m","temperature":1,"temperature":0,"#, "body.temperature", None),
+        // Escapes spell the same key.
+        (r#""custom_id":"b","#, r#""custom_id":"b","custom\u005fid":"c","#, "custom_id", Some("custom_id")),
+    ];
+    for (from, to, path, param) in cases {
+        let bad = line("b").replacen(from, to, 1);
+        assert_ne!(bad, line("b"), "{from}");
+        let error = refusal(&second_line(&bad));
+        let message = format!("Line 2 has the key \"{path}\" more than once; each key may appear once");
+        assert_eq!((error.message.as_str(), error.line, error.param), (message.as_str(), Some(2), param), "{bad}");
+    }
+    // Keys repeated deeper in the body are the model server's to judge.
+    let nested = line("b").replace(r#"{"role":"user","#, r#"{"role":"user","role":"user","#);
+    assert!(validate(&file(&[line("a"), nested]), URL, 5000).is_ok());
+}
+
+#[test]
+fn a_repeat_among_many_body_keys_is_found() {
+    let keys: String = (0..1_000).map(|n| format!(r#""k{n}":0,"#)).collect();
+    let many = line("b").replacen(r#""model":"m","#, &format!(r#""model":"m",{keys}"#), 1);
+    assert!(validate(&file(std::slice::from_ref(&many)), URL, 5000).is_ok());
+    for (after, again) in [("k999", "k7"), ("k999", "model"), ("k3", "k2")] {
+        let repeated = many.replacen(&format!(r#""{after}":0,"#), &format!(r#""{after}":0,"{again}":1,"#), 1);
+        let message = format!("Line 1 has the key \"body.{again}\" more than once; each key may appear once");
+        assert_eq!(refusal(&file(&[repeated])).message, message);
+    }
 }

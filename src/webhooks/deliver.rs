@@ -1,6 +1,9 @@
 //! The delivery loop: every pass sends each due event to each endpoint of its project,
 //! many at once, and notes how it went in the outbox; a failed attempt is tried again
-//! after [`outbox::backoff`], across restarts, until `webhooks.give_up_after`.
+//! after [`outbox::backoff`], across restarts, until `webhooks.give_up_after`. An
+//! endpoint the SSRF guard refuses is a setting to fix: said at start and at each
+//! refused event (warnings), counted once as `refused`, and given up after
+//! [`outbox::REFUSED_ATTEMPTS`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +34,26 @@ impl Deliverer {
 
     /// Passes every `every`, until the task is dropped.
     pub async fn run(self, every: Duration) {
+        self.warn_of_refused_endpoints().await;
         loop {
             if let Err(error) = self.pass(clock::now()).await {
                 tracing::warn!(%error, "webhook delivery pass failed; trying again next pass");
             }
             tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Says which configured endpoints the SSRF guard would refuse now.
+    pub async fn warn_of_refused_endpoints(&self) {
+        let projects = self.projects.current();
+        for project in projects.iter() {
+            for webhook in &project.webhooks {
+                if let Err(error @ target::TargetError::Internal { .. }) =
+                    target::resolve(&webhook.url, &self.settings.allowed_hosts).await
+                {
+                    tracing::warn!(project = %project.id, url = %webhook.url, %error, "a webhook endpoint is refused: no event will reach it");
+                }
+            }
         }
     }
 
@@ -79,7 +97,19 @@ impl Deliverer {
                     delivery.last_error = None;
                     METRICS.webhook_delivered();
                 }
-                Err(error) => {
+                Err(Attempt::Refused(error)) => {
+                    delivery.refused += 1;
+                    delivery.next_at = now + outbox::backoff(delivery.attempts);
+                    METRICS.webhook_refused();
+                    if delivery.is_closed() {
+                        tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused: gave up on it for this event");
+                        METRICS.webhook_gave_up();
+                    } else {
+                        tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused; fix webhooks.allowed_hosts or the URL");
+                    }
+                    delivery.last_error = Some(error);
+                }
+                Err(Attempt::Failed(error)) => {
                     tracing::info!(event = %event_id, url = %webhook.url, %error, attempts = delivery.attempts, "webhook delivery failed; will retry");
                     delivery.next_at = now + outbox::backoff(delivery.attempts);
                     delivery.last_error = Some(error);
@@ -91,10 +121,7 @@ impl Deliverer {
         let give_up_after = self.settings.give_up_after.as_secs() as i64;
         for ((pending, webhooks), changed) in events.iter_mut().zip(&endpoints).zip(changed) {
             let undelivered = |webhook: &&Webhook| {
-                pending
-                    .deliveries
-                    .get(webhook.url.as_str())
-                    .is_none_or(|delivery: &Delivery| delivery.delivered_at.is_none())
+                pending.deliveries.get(webhook.url.as_str()).is_none_or(|delivery: &Delivery| !delivery.is_closed())
             };
             let open = webhooks.iter().filter(undelivered).count();
             if open == 0 {
@@ -112,20 +139,19 @@ impl Deliverer {
 
     /// One POST of `event` to `webhook`, to addresses checked against SSRF, without
     /// following redirects; a 2xx answer is a delivery.
-    async fn attempt(&self, webhook: &Webhook, event: &Event) -> Result<(), String> {
-        let addresses = target::resolve(&webhook.url, &self.settings.allowed_hosts).await.map_err(|error| {
-            if matches!(error, target::TargetError::Internal { .. }) {
-                METRICS.webhook_refused();
-            }
-            error.to_string()
-        })?;
+    async fn attempt(&self, webhook: &Webhook, event: &Event) -> Result<(), Attempt> {
+        let addresses =
+            target::resolve(&webhook.url, &self.settings.allowed_hosts).await.map_err(|error| match error {
+                target::TargetError::Internal { .. } => Attempt::Refused(error.to_string()),
+                target::TargetError::Unresolved { .. } => Attempt::Failed(error.to_string()),
+            })?;
         let host = webhook.url.host_str().unwrap_or_default().to_owned();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(self.settings.timeout)
             .resolve_to_addrs(&host, &addresses)
             .build()
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| Attempt::Failed(error.to_string()))?;
         let body = serde_json::to_vec(event).expect("events serialize");
         let timestamp = clock::now();
         let answer = client
@@ -138,7 +164,19 @@ impl Deliverer {
             .body(body)
             .send()
             .await
-            .map_err(|error| format!("request failed: {error}"))?;
-        if answer.status().is_success() { Ok(()) } else { Err(format!("answered {}", answer.status())) }
+            .map_err(|error| Attempt::Failed(format!("request failed: {error}")))?;
+        if answer.status().is_success() {
+            Ok(())
+        } else {
+            Err(Attempt::Failed(format!("answered {}", answer.status())))
+        }
     }
+}
+
+/// Why an attempt did not deliver.
+enum Attempt {
+    /// The SSRF guard refused the endpoint's address: nothing was sent.
+    Refused(String),
+    /// It was tried and failed (no answer, or not 2xx).
+    Failed(String),
 }

@@ -35,11 +35,28 @@ pub struct Delivery {
     pub last_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at: Option<UnixSeconds>,
+    /// Attempts the SSRF guard refused (the endpoint's host is internal): a setting to
+    /// fix, not a failure to wait out, so it is given up after [`REFUSED_ATTEMPTS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused: u32,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Refused attempts after which an endpoint is given up (the third comes 35 s after the
+/// first: time for a name that resolved inward by mistake to be fixed).
+pub const REFUSED_ATTEMPTS: u32 = 3;
+
 impl Delivery {
+    /// Whether nothing more will be sent: delivered, or given up as refused.
+    pub fn is_closed(&self) -> bool {
+        self.delivered_at.is_some() || self.refused >= REFUSED_ATTEMPTS
+    }
+
     pub fn is_due(&self, now: UnixSeconds) -> bool {
-        self.delivered_at.is_none() && self.next_at <= now
+        !self.is_closed() && self.next_at <= now
     }
 }
 
@@ -107,6 +124,17 @@ mod tests {
     fn backoff_grows_to_hourly() {
         let waits: Vec<i64> = (1..=8).map(backoff).collect();
         assert_eq!(waits, [5, 30, 120, 600, 1800, 3600, 3600, 3600]);
+    }
+
+    #[test]
+    fn a_refused_endpoint_is_closed_after_a_few_attempts() {
+        let mut delivery = Delivery::default();
+        for _ in 1..REFUSED_ATTEMPTS {
+            delivery.refused += 1;
+            assert!(!delivery.is_closed());
+        }
+        delivery.refused += 1;
+        assert!(delivery.is_closed() && !delivery.is_due(i64::MAX));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! host is resolved once per attempt and the connection pinned to the checked addresses,
 //! so a name cannot resolve to a public address for the check and a private one after.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use reqwest::Url;
 
@@ -44,17 +44,46 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || a >= 240
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_internal(IpAddr::V4(v4));
+            let segments = v6.segments();
+            let first = segments[0];
+            // A Teredo address names its server's IPv4 address too.
+            let teredo_server = first == 0x2001 && segments[1] == 0 && {
+                let server = Ipv4Addr::from((u32::from(segments[2]) << 16) | u32::from(segments[3]));
+                is_internal(IpAddr::V4(server))
+            };
+            if let Some(v4) = carried_ipv4(v6) {
+                return teredo_server || is_internal(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
-            v6.is_loopback()
+            // RFC 8215's local-use NAT64 prefix: its translator is the network's own, and
+            // where the IPv4 address sits in it depends on the prefix length chosen.
+            let local_nat64 = segments[..3] == [0x64, 0xff9b, 1];
+            local_nat64
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 // Unique local (fc00::/7) and link-local (fe80::/10).
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
         }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, where the network may deliver it to that
+/// IPv4 host: mapped (`::ffff:a.b.c.d`), compatible (`::a.b.c.d`), NAT64 (64:ff9b::/96
+/// and the local-use 64:ff9b:1::/48, internal as a whole), 6to4 (2002:AABB:CCDD::/16) and Teredo (2001::/32,
+/// the client's address inverted in the last 32 bits). Such an address is as internal as
+/// the IPv4 address it carries.
+fn carried_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |high: u16, low: u16| Ipv4Addr::from((u32::from(high) << 16) | u32::from(low));
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, high, low] => Some(v4(high, low)),
+        // `::` and `::1` are judged as IPv6 (unspecified and loopback).
+        [0, 0, 0, 0, 0, 0, high, low] if (high, low) > (0, 1) => Some(v4(high, low)),
+        [0x64, 0xff9b, 0, 0, 0, 0, high, low] => Some(v4(high, low)),
+        [0x2002, high, low, ..] => Some(v4(high, low)),
+        [0x2001, 0, ..] => Some(v4(!s[6], !s[7])),
+        _ => None,
     }
 }
 
@@ -113,10 +142,35 @@ mod tests {
             "::ffff:10.0.0.1",
             "198.18.0.1",
             "240.0.0.1",
+            // IPv4 carried in IPv6: compatible, NAT64, local-use NAT64, 6to4, Teredo.
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::169.254.169.254",
+            "64:ff9b::10.1.2.3",
+            "64:ff9b:1::8.8.8.8",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2002:c0a8:101:5::1",
+            // Teredo: client 127.0.0.1 (inverted: 80ff:fffe), or a server at 10.0.0.1.
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            "2001:0:a00:1:8000:63bf:f7f7:f7f7",
         ] {
             assert!(is_internal(internal.parse().unwrap()), "{internal}");
         }
-        for public in ["1.1.1.1", "8.8.8.8", "93.184.216.34", "100.128.0.1", "2606:4700::1111", "172.32.0.1"] {
+        for public in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "93.184.216.34",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "172.32.0.1",
+            "::8.8.8.8",
+            "64:ff9b::8.8.8.8",
+            "2002:808:808::1",
+            // Teredo: server 65.54.227.120, client 8.8.8.8 (inverted: f7f7:f7f7).
+            "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+        ] {
             assert!(!is_internal(public.parse().unwrap()), "{public}");
         }
     }
@@ -147,5 +201,14 @@ mod tests {
         let v6 = parse_url("http://[::1]:9/").unwrap();
         assert!(matches!(resolve(&v6, &[]).await, Err(TargetError::Internal { .. })));
         assert!(resolve(&v6, &["::1".into()]).await.is_ok());
+        for disguised in [
+            "http://[::127.0.0.1]/",
+            "http://[64:ff9b::127.0.0.1]/",
+            "http://[2002:7f00:1::]/",
+            "http://[64:ff9b::169.254.169.254]/",
+        ] {
+            let url = parse_url(disguised).unwrap();
+            assert!(matches!(resolve(&url, &[]).await, Err(TargetError::Internal { .. })), "{disguised}");
+        }
     }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 pub struct Serve {
     child: Child,
     pub url: String,
+    /// Where serve's `/metrics` is (its own address, never the API's).
+    pub metrics_url: String,
     pub project_id: Option<String>,
     pub api_key: Option<String>,
     pub data_dir: PathBuf,
@@ -29,7 +31,7 @@ impl Serve {
     #[allow(clippy::zombie_processes)]
     fn start_over(data_dir: Option<&Path>, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_nightshift"));
-        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        command.arg("serve").args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
         if let Some(dir) = data_dir {
             command.arg("--data-dir").arg(dir);
         }
@@ -49,7 +51,7 @@ impl Serve {
                 }
             }
         });
-        let (mut project_id, mut api_key) = (None, None);
+        let (mut project_id, mut api_key, mut metrics_url) = (None, None, None);
         loop {
             let line = received
                 .recv_timeout(Duration::from_secs(30))
@@ -57,10 +59,12 @@ impl Serve {
             let field = |name: &str| line.trim().strip_prefix(name).map(|v| v.trim().to_owned());
             project_id = project_id.or(field("x-project-id:"));
             api_key = api_key.or(field("x-api-key:"));
+            metrics_url = metrics_url.or(field("Nightshift metrics on"));
             if let Some(address) = line.strip_prefix("Nightshift listening on ") {
                 return Self {
                     child,
                     url: address.trim().to_owned(),
+                    metrics_url: metrics_url.expect("serve says where its metrics are before it listens"),
                     project_id,
                     api_key,
                     data_dir: data_dir.map(Path::to_owned).unwrap_or_default(),

@@ -32,6 +32,9 @@ files:
   {{- toYaml .Values.config.files | nindent 2 }}
 http:
   {{- toYaml .Values.config.http | nindent 2 }}
+# The api's /metrics, on a port of its own.
+metrics:
+  listen: 0.0.0.0:{{ .Values.api.metricsPort }}
 kubernetes:
   namespace: {{ .Release.Namespace }}
   # The shard Jobs the controller creates. Fields under `worker` are Kubernetes' own pod-spec YAML.
