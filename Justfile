@@ -17,11 +17,12 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed, line throughput, noisy neighbours, the night shift.
+# Benchmarks against the release binary: upload memory, validation speed, line throughput, the latency x concurrency grid, noisy neighbours, the night shift.
 bench:
     cargo build --release
     python3 bench/run.py
     cargo bench --bench throughput
+    cargo bench --bench grid
     cargo bench --bench neighbours
     cargo bench --bench night_shift
 

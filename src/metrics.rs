@@ -39,6 +39,13 @@ pub struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalFailureLabels {
+    pub upstream: String,
+    /// `unreachable`, `invalid` or `stale`: a closed set.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProjectLabel {
     pub project: String,
 }
@@ -90,7 +97,7 @@ pub struct Metrics {
     pub webhook_events_pending: Gauge,
     pub superseded_runs: Counter,
     /// Load-signal reads that failed, per upstream (batches went on without them).
-    pub load_signal_failures: Family<UpstreamLabel, Counter>,
+    pub load_signal_failures: Family<SignalFailureLabels, Counter>,
     /// The requests in flight an upstream is allowed now (adaptive, under the ceiling).
     pub concurrency_limit: Family<UpstreamLabel, Gauge>,
     /// 1 while batch dispatch to an upstream holds for its interactive traffic.
@@ -168,10 +175,10 @@ impl Metrics {
             "Webhook events not yet delivered to every endpoint, as of the last pass",
             webhook_events_pending.clone(),
         );
-        let load_signal_failures = Family::<UpstreamLabel, Counter>::default();
+        let load_signal_failures = Family::<SignalFailureLabels, Counter>::default();
         registry.register(
             "load_signal_failures",
-            "Reads of an upstream's load signal that failed, timed out or made no sense (batches go on without it)",
+            "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)",
             load_signal_failures.clone(),
         );
         let concurrency_limit = Family::<UpstreamLabel, Gauge>::default();
@@ -288,8 +295,10 @@ impl Metrics {
         self.upstream_latency_of(upstream).observe(took.as_secs_f64());
     }
 
-    pub fn load_signal_failures_of(&self, upstream: &str) -> Counter {
-        self.load_signal_failures.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).clone()
+    /// Failed or set-aside readings of an upstream's load signal, by `reason`
+    /// (`unreachable`, `invalid`, `stale`).
+    pub fn load_signal_failures_of(&self, upstream: &str, reason: &'static str) -> Counter {
+        self.load_signal_failures.get_or_create(&SignalFailureLabels { upstream: upstream.to_owned(), reason }).clone()
     }
 
     pub fn concurrency_limit_of(&self, upstream: &str) -> Gauge {

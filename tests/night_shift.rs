@@ -184,15 +184,50 @@ async fn a_load_signal_that_fails_or_lies_never_stops_batches() {
     let batch = client.create(&client.upload(lines).await).await;
     let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(60)).await;
     assert_eq!(batch["request_counts"]["completed"], 30, "{batch}");
-    for name in ["a", "b", "c"] {
+    for (name, reason) in [("a", "invalid"), ("b", "unreachable"), ("c", "unreachable")] {
         // The silent one fails once its read times out (a second or so).
-        let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\"}}");
+        let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}");
         common::cluster::eventually(&format!("upstream {name}'s signal failures counted"), 30, || async {
             (metric(&serve, &series).await.unwrap_or(0.0) >= 1.0).then_some(())
         })
         .await;
     }
     drop(silent);
+}
+
+/// Signals that go stale are set aside, counted as `stale`: one stuck on a queue that
+/// never moves holds its batch a minute at most (it would hold it for ever), one that
+/// answers the same page while lines finish stops counting as the server's word.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_load_signal_gone_stale_is_set_aside_and_counted() {
+    let upstream = MockUpstream::start().await;
+    upstream.delay(Duration::from_millis(100));
+    let stuck_queue = signal(Arc::new(AtomicU64::new(5)), false).await;
+    let same_page = signal(Arc::default(), false).await;
+    let dir = TempDir::new().unwrap();
+    let upstreams: String = [("held", &stuck_queue, 16), ("flowing", &same_page, 2)]
+        .iter()
+        .map(|(name, url, concurrency)| {
+            format!(
+                "  - name: {name}\n    base_url: {}\n    models: [\"mock-{name}\"]\n    max_concurrency: {concurrency}\n    \
+                 adaptive: false\n    load_signal: {{url: \"{url}\"}}\n",
+                upstream.base_url
+            )
+        })
+        .collect();
+    let (serve, client) = start(&dir, &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
+    let mut lines = input(&ids("mock-held", 10), "mock-held");
+    // Two at a time, a tenth of a second each: 15 s of lines finishing.
+    lines.extend(input(&ids("mock-flowing", 300), "mock-flowing"));
+    let started = std::time::Instant::now();
+    let batch = client.create(&client.upload(lines).await).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(150)).await;
+    assert_eq!(batch["request_counts"]["completed"], 310, "{batch}");
+    eprintln!("[night shift] a batch behind a stuck queue took {:?}", started.elapsed());
+    for name in ["held", "flowing"] {
+        let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"stale\"}}");
+        assert!(metric(&serve, &series).await.unwrap_or(0.0) >= 1.0, "{name}'s signal was set aside as stale");
+    }
 }
 
 #[test]

@@ -154,3 +154,61 @@ async fn a_restarted_serve_keeps_its_dev_project_and_files() {
     let retrieved = common::client::Client::new(&second.url, &project, &key).file(&id).await;
     assert_eq!(retrieved, uploaded);
 }
+
+/// The SDK's batch through `serve` to a real model server, llama.cpp's llama-server, with
+/// its load signal read through the `llamacpp` preset: every line answered once, the
+/// batch's usage the sum of the engine's own counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_batch_runs_on_a_real_engine_and_sums_its_usage() {
+    let engine = common::engine::LlamaServer::start("tiny", 4).await;
+    let data = TempDir::new().unwrap();
+    let config = common::write_config(
+        data.path(),
+        &format!(
+            "upstreams:\n  - name: llama\n    base_url: {url}/v1\n    models: [\"{model}\"]\n    max_concurrency: 16\n    \
+             load_signal: {{url: \"{url}/metrics\", server: llamacpp}}\nbatches:\n  reconcile_interval: 100ms\n",
+            url = engine.url,
+            model = engine.alias,
+        ),
+    );
+    let mut serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
+    serve.project_id = Some(common::PROJECT.into());
+    serve.api_key = Some(common::KEY.into());
+    let metrics_url = serve.metrics_url.clone();
+    let model = engine.alias.clone();
+    let stdout = tokio::task::spawn_blocking(move || {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let output = Command::new(common::tools::python())
+            .arg(format!("{root}/tests/e2e/engine_sdk.py"))
+            .env("NIGHTSHIFT_URL", &serve.url)
+            .env("NIGHTSHIFT_PROJECT_ID", common::PROJECT)
+            .env("NIGHTSHIFT_API_KEY", common::KEY)
+            .env("ENGINE_MODEL", model)
+            .env("LINES", "40")
+            .env("MAX_TOKENS", "12")
+            .output()
+            .expect("python runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "engine_sdk.py failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (stdout, serve)
+    })
+    .await
+    .unwrap();
+    let (stdout, _serve) = stdout;
+    eprintln!("{stdout}");
+    assert!(stdout.contains("engine SDK checks passed"), "{stdout}");
+    // The preset read llama-server's own exposition: the signal set a cap, and never failed.
+    let metrics = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    let value = |series: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert!(value("nightshift_upstream_concurrency_limit{upstream=\"llama\"}").is_some(), "{metrics}");
+    assert_eq!(value("nightshift_load_signal_failures_total{upstream=\"llama\"}").unwrap_or(0.0), 0.0, "{metrics}");
+}

@@ -15,6 +15,12 @@ impl Drop for Process {
     }
 }
 
+impl From<Child> for Process {
+    fn from(child: Child) -> Self {
+        Self(child)
+    }
+}
+
 /// Starts `serve` with `config` over `data` and `RUST_LOG=log`; returns once it listens,
 /// with its URL (the rest of its output is drained).
 pub fn spawn(config: &Path, data: &Path, log: &str) -> (Process, String) {

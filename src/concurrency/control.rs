@@ -4,17 +4,19 @@
 //! controller's share of it), and under that the load signal's caps: the gate's, cut as
 //! soon as requests queue at the server ([`super::gate`]), and, where the server says
 //! what it runs, the room its other traffic leaves ([`super::headroom`]). Each process
-//! reads the signal and holds its own lines.
+//! reads the signal and holds its own lines; a signal gone stale is set aside
+//! ([`super::staleness`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
 use super::headroom::{self, Headroom, Occupancy};
 use super::signals;
+use super::staleness::{Sample, Stale, Staleness};
 use crate::exec::upstream::Upstream;
 use crate::metrics::METRICS;
 
@@ -81,9 +83,10 @@ struct LoadCaps {
     headroom: Headroom,
     /// The headroom's cap as of the last reading (none once a reading fails).
     room: Option<u32>,
+    staleness: Staleness,
     next_read: tokio::time::Instant,
     warned: Option<tokio::time::Instant>,
-    failures: Counter,
+    upstream: String,
     held: Gauge,
 }
 
@@ -93,10 +96,21 @@ impl LoadCaps {
             gate: Gate::default(),
             headroom: Headroom::default(),
             room: None,
+            staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
             warned: None,
-            failures: METRICS.load_signal_failures_of(&upstream.name),
+            upstream: upstream.name.clone(),
             held: METRICS.dispatch_held_of(&upstream.name),
+        }
+    }
+
+    /// A reading that failed or was set aside: counted every time, logged at most every
+    /// [`WARN_EVERY`]; batches go on, governed by throughput alone.
+    fn failed(&mut self, reason: &'static str, detail: &str) {
+        METRICS.load_signal_failures_of(&self.upstream, reason).inc();
+        if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            self.warned = Some(tokio::time::Instant::now());
+            tracing::warn!(upstream = %self.upstream, reason, detail, "the load signal failed; batches go on without it");
         }
     }
 
@@ -116,14 +130,33 @@ impl LoadCaps {
         // `now + every`, which would make every reading wait one more tick.
         self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
         let (pressure, occupancy) = match signals::read(client, signal).await {
-            Ok(reading) => (reading.pressure(signal), reading.running.map(|running| (running, reading.waiting))),
-            Err(error) => {
-                // Batches go on, governed by throughput alone.
-                self.failures.inc();
-                if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                    self.warned = Some(tokio::time::Instant::now());
-                    tracing::warn!(upstream = %upstream.name, %error, "the load signal failed; batches go on without it");
+            Ok((reading, digest)) => {
+                let pressure = reading.pressure(signal);
+                let sample = Sample {
+                    digest,
+                    numbers: [reading.waiting, reading.running.unwrap_or(-1.0), reading.kv_cache_usage.unwrap_or(-1.0)]
+                        .map(f64::to_bits),
+                    holding: pressure != Pressure::Clear,
+                    finished: upstream.observed.counts().lines,
+                };
+                match self.staleness.judge(std::time::Instant::now(), sample) {
+                    None => (pressure, reading.running.map(|running| (running, reading.waiting))),
+                    Some(stale) => {
+                        let detail = match stale {
+                            Stale::SameSample => "the same answer while lines finished at the server",
+                            Stale::FrozenHold => "a hold whose numbers have not moved in a minute",
+                        };
+                        self.failed("stale", detail);
+                        // The throughput rule alone, at once: nothing of the signal holds.
+                        self.gate = Gate::default();
+                        self.room = None;
+                        self.held.set(0);
+                        return;
+                    }
                 }
+            }
+            Err(failure) => {
+                self.failed(failure.reason, &failure.detail);
                 (Pressure::Clear, None)
             }
         };

@@ -13,6 +13,11 @@ pub const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// … and until twice the limit's worth of lines have finished (every request in flight
 /// has turned over, whatever the latency), or this long.
 pub const MAX_WINDOW: Duration = Duration::from_secs(30);
+/// While the limit doubles from the start, a window is one round trip instead: the
+/// limit's worth of lines finished, and at least this long. A doubling then costs two
+/// round trips (one settling, one judged), not two seconds: a batch of a few thousand
+/// lines at a slow upstream no longer spends its life climbing.
+pub const START_WINDOW: Duration = Duration::from_millis(250);
 /// Overload cuts the limit at most this often (a burst of 429s is one signal).
 const BACKOFF_EVERY: Duration = Duration::from_secs(1);
 
@@ -74,9 +79,12 @@ impl Governor {
         window.samples += 1;
         let elapsed = look.now.duration_since(window.started);
         let finished = look.counts.since(&window.at_start);
-        let turned_over = finished.lines >= 2 * u64::from(self.rule.limit());
-        if elapsed >= MIN_WINDOW && (turned_over || elapsed >= MAX_WINDOW) {
-            let window = self.window.take().expect("a window is open");
+        let (shortest, turns) = if self.rule.is_starting() { (START_WINDOW, 1) } else { (MIN_WINDOW, 2) };
+        let turned_over = finished.lines >= turns * u64::from(self.rule.limit());
+        if elapsed >= shortest && (turned_over || elapsed >= MAX_WINDOW) {
+            // The next window starts at this look: no time goes unobserved between two.
+            let next = Open { started: look.now, at_start: look.counts, in_flight_sum: 0.0, samples: 0 };
+            let window = self.window.replace(next).expect("a window is open");
             let observed = Window {
                 in_flight: window.in_flight_sum / f64::from(window.samples.max(1)),
                 tokens: finished.tokens,
@@ -139,5 +147,18 @@ mod tests {
             server.tick(&mut governor, 0, batching(64));
         }
         assert_eq!(server.tick(&mut governor, 1, batching(64)), after / 2, "a second later, another burst");
+    }
+
+    /// An upstream that answers every line in 300 ms whatever the concurrency: the limit
+    /// doubles every two round trips from the start (it took two seconds a doubling).
+    #[test]
+    fn from_the_start_the_limit_doubles_every_two_round_trips() {
+        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut governor = Governor::new(256);
+        let scaling = |n: u32| f64::from(n) / 0.3;
+        let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
+        let reached = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
+        // With windows of a second and two turnovers it took 9 s.
+        assert!(reached.is_some_and(|tick| tick <= 36), "256 within about 3 s (5 doublings): {limits:?}");
     }
 }

@@ -26,6 +26,7 @@ pub mod headroom;
 pub mod priority;
 pub mod rule;
 pub mod signals;
+pub mod staleness;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 

@@ -10,7 +10,8 @@
 //! lines per second without usage) at the current limit and probes around it:
 //!
 //! - **start**: the limit doubles while each doubling raises throughput by at least
-//!   [`ACCEPT_UP`] of the step (a doubling that gives 30% more is kept);
+//!   [`ACCEPT_UP`] of the step (a doubling that gives 30% more is kept), a window being
+//!   one round trip meanwhile (the governor's `START_WINDOW`);
 //! - **probe up** by a quarter, kept on the same terms;
 //! - **probe down** by a fifth, kept if throughput fell by less than a quarter of the
 //!   step (the requests taken away were only queueing);
@@ -102,6 +103,11 @@ impl Rule {
 
     pub fn limit(&self) -> u32 {
         self.limit
+    }
+
+    /// Whether the limit is still doubling from the start.
+    pub fn is_starting(&self) -> bool {
+        self.phase == Phase::Start
     }
 
     /// Judges a window observed at [`Rule::limit`]; returns the limit to use next,

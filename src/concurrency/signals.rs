@@ -233,21 +233,39 @@ fn fold(text: &str, name: &str, combine: fn(f64, f64) -> f64) -> Option<Result<f
     found
 }
 
-/// Reads the signal once; a failure is described, never fatal.
-pub async fn read(client: &reqwest::Client, config: &LoadSignalConfig) -> Result<Reading, String> {
+/// Why a reading failed, never fatal: `reason` is its metric label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `unreachable` (no answer, an error status, an answer cut off) or `invalid` (an
+    /// answer without the metrics, or with numbers that make no sense).
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+impl Failure {
+    fn unreachable(detail: impl Into<String>) -> Self {
+        Self { reason: "unreachable", detail: detail.into() }
+    }
+}
+
+/// Reads the signal once: the reading, and a digest of the whole answer (to tell a
+/// signal that has gone stale, [`super::staleness`]).
+pub async fn read(client: &reqwest::Client, config: &LoadSignalConfig) -> Result<(Reading, u64), Failure> {
     let timeout = config.every.max(Duration::from_millis(200)) * 4;
     let response =
         client.get(&config.url).timeout(timeout).send().await.map_err(|error| {
-            if error.is_timeout() { "timed out".to_owned() } else { "could not connect".to_owned() }
+            Failure::unreachable(if error.is_timeout() { "timed out" } else { "could not connect" })
         })?;
     if !response.status().is_success() {
-        return Err(format!("answered {}", response.status().as_u16()));
+        return Err(Failure::unreachable(format!("answered {}", response.status().as_u16())));
     }
-    let bytes = response.bytes().await.map_err(|_| "the answer broke off".to_owned())?;
+    let bytes = response.bytes().await.map_err(|_| Failure::unreachable("the answer broke off"))?;
     if bytes.len() > 8 * 1024 * 1024 {
-        return Err("the answer is over 8 MB".to_owned());
+        return Err(Failure { reason: "invalid", detail: "the answer is over 8 MB".to_owned() });
     }
-    parse(&String::from_utf8_lossy(&bytes), config)
+    let reading =
+        parse(&String::from_utf8_lossy(&bytes), config).map_err(|detail| Failure { reason: "invalid", detail })?;
+    Ok((reading, super::staleness::digest(&bytes)))
 }
 
 #[cfg(test)]

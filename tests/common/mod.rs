@@ -5,6 +5,7 @@
 pub mod client;
 pub mod cluster;
 pub mod committed;
+pub mod engine;
 pub mod faults;
 pub mod image;
 pub mod interactive;

@@ -66,3 +66,16 @@ pub fn run(command: &mut Command) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// `$LLAMA_SERVER`, else the llama-server that tests/tools/install-engine.sh built.
+pub fn llama_server() -> PathBuf {
+    find("LLAMA_SERVER", cache_dir().join("engine/bin/llama-server"), "llama.cpp's llama-server")
+}
+
+/// A test model that tests/tools/install-engine.sh made (`tiny`, `small`).
+pub fn engine_model(name: &str) -> PathBuf {
+    let models = std::env::var_os("ENGINE_MODELS").map_or_else(|| cache_dir().join("engine/models"), PathBuf::from);
+    let path = models.join(format!("{name}.gguf"));
+    assert!(path.exists(), "no test model at {}: run `tests/run` (it makes them)", path.display());
+    path
+}
