@@ -8,8 +8,12 @@
              against a naive reference (Python, json.loads per line) on the same file
   refused    3,000 batch creates refused by validation: what they add to the server's
              memory (RSS) and to its data directory, and the time of a listing after them
+  tinyparts  5,000 one-byte parts added to one upload: the time of a part at the start and
+             at the end (adding one should cost the same however many there are)
+  silent     4,100 connections that never send a byte, from one address: whether a client
+             from another address is still served, how fast, and how long they stay open
 
-Usage: bench/run.py [upload] [parts] [validate] [refused]   (all when none named)
+Usage: bench/run.py [upload] [parts] [validate] [refused] [tinyparts] [silent]   (all when none named)
 NIGHTSHIFT_BINARY names another binary (an older build, to compare).
 """
 
@@ -45,11 +49,17 @@ def peak_rss_mb(pid):
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
+def own_metrics_address():
+    """`--metrics-listen` for binaries that have it (older ones served /metrics on the API)."""
+    help_text = subprocess.run([str(BINARY), "serve", "--help"], capture_output=True, text=True).stdout
+    return ["--metrics-listen", "127.0.0.1:0"] if "--metrics-listen" in help_text else []
+
+
 class Serve:
     def __init__(self, data_dir, config=None):
         args = ["--config", str(config)] if config else []
         self.process = subprocess.Popen(
-            [str(BINARY), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *args],
+            [str(BINARY), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *own_metrics_address(), *args],
             stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn"},
         )
         for line in self.process.stdout:
@@ -259,15 +269,91 @@ def bench_refused(work):
         serve.stop()
 
 
+def bench_tinyparts(work):
+    import http.client
+
+    serve = Serve(work / "tinyparts-data")
+    parts = 5_000
+    try:
+        upload = post_json(serve, "/v1/uploads",
+                           {"bytes": parts, "filename": "tiny.jsonl", "purpose": "batch", "mime_type": "application/jsonl"})
+        host, port = serve.url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        body = b"--b\r\nContent-Disposition: form-data; name=\"data\"; filename=\"p\"\r\n\r\nx\r\n--b--\r\n"
+        headers = {**serve.headers(), "content-type": "multipart/form-data; boundary=b"}
+        times = []
+        for _ in range(parts):
+            started = time.perf_counter()
+            connection.request("POST", f"/v1/uploads/{upload['id']}/parts", body=body, headers=headers)
+            answer = connection.getresponse()
+            answer.read()
+            assert answer.status == 200, answer.status
+            times.append(time.perf_counter() - started)
+        first, last = sorted(times[:200]), sorted(times[-200:])
+        print(f"tinyparts: {parts} one-byte parts; median time of a part: the first 200 "
+              f"{first[100] * 1000:.2f} ms, the last 200 {last[100] * 1000:.2f} ms; server peak RSS {serve.rss():.1f} MB")
+    finally:
+        serve.stop()
+
+
+def bench_silent(work):
+    import resource
+    import socket
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+    serve = Serve(work / "silent-data")
+    host, port = serve.url.removeprefix("http://").split(":")
+    silent = []
+    try:
+        for _ in range(4_100):
+            connection = socket.socket()
+            connection.setblocking(False)
+            connection.connect_ex((host, int(port)))
+            silent.append(connection)
+        time.sleep(1)
+        started = time.perf_counter()
+        probe = socket.create_connection((host, int(port)), timeout=40, source_address=("127.0.0.2", 0))
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        try:
+            answer = probe.recv(64)
+        except TimeoutError:
+            answer = b""
+        waited = time.perf_counter() - started
+        served = answer.startswith(b"HTTP/1.1 200")
+        # How long the silent ones stay open: poll until the server has closed them all.
+        open_after, opened = None, time.perf_counter()
+        while time.perf_counter() - opened < 60:
+            still = 0
+            for connection in silent:
+                try:
+                    if connection.recv(1) == b"":
+                        continue
+                except BlockingIOError:
+                    still += 1
+                except OSError:
+                    continue
+            if still == 0:
+                open_after = time.perf_counter() - opened + 1
+                break
+            time.sleep(1)
+        closed = f"all closed by the server {open_after:.0f} s after opening" if open_after else "still open after 60 s"
+        print(f"silent: 4,100 silent connections from 127.0.0.1; a client from 127.0.0.2 "
+              f"{'served' if served else 'NOT served'} after {waited:.2f} s; {closed}")
+    finally:
+        for connection in silent:
+            connection.close()
+        serve.stop()
+
+
 def main():
-    chosen = sys.argv[1:] or ["upload", "parts", "validate", "refused"]
+    chosen = sys.argv[1:] or ["upload", "parts", "validate", "refused", "tinyparts", "silent"]
     if not BINARY.exists():
         sys.exit(f"{BINARY} is missing: run `cargo build --release` first (just bench does)")
     with tempfile.TemporaryDirectory(prefix="nightshift-bench-") as work:
         work = pathlib.Path(work)
         for name in chosen:
             {"upload": bench_upload, "parts": bench_parts, "validate": bench_validate,
-             "refused": bench_refused}[name](work)
+             "refused": bench_refused, "tinyparts": bench_tinyparts, "silent": bench_silent}[name](work)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@
 //! Then the short-batch case: batches of 1,000, 3,000 and 12,000 lines at the 300 ms
 //! upstream, untuned (`adaptive`, ceiling 256) against fixed 256, whole runs.
 //!
-//! Knobs: `BENCH_ROUNDS`, `BENCH_ONLY` (a substring of a point's name, e.g. `lat300`),
+//! Knobs: `NIGHTSHIFT_BINARY` (another build, to compare), `BENCH_ROUNDS`, `BENCH_ONLY` (a substring of a point's name, e.g. `lat300`),
 //! `BENCH_SHORT=0` (skip the short-batch case), `BENCH_GRID=0` (skip the grid).
 
 #[path = "common/serve.rs"]
@@ -228,7 +228,8 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("upstream") {
         return upstream_main();
     }
-    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+    let nightshift = std::env::var("NIGHTSHIFT_BINARY")
+        .unwrap_or_else(|_| format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR")));
     assert!(std::path::Path::new(&nightshift).exists(), "build the release binary first: cargo build --release");
     let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();

@@ -26,6 +26,16 @@ struct Worker {
     handle: JoinHandle<()>,
     /// Set when the task ended with an error: a failed worker, until retired.
     failed: Arc<AtomicBool>,
+    /// Set once the shard has no line left to send: its last lines finishing no longer
+    /// hold a slot of `max_running_shards` (the upstream's limit still bounds them).
+    dispatched: Arc<AtomicBool>,
+}
+
+impl Worker {
+    /// Whether the worker holds a slot: running, with lines left to send.
+    fn holds_a_slot(&self) -> bool {
+        !self.handle.is_finished() && !self.dispatched.load(Ordering::Relaxed)
+    }
 }
 
 pub struct Runner {
@@ -163,13 +173,13 @@ impl Runner {
         let workers = self.workers.lock().expect("workers");
         workers
             .iter()
-            .filter(|(_, worker)| !worker.handle.is_finished() && !worker.stop.is_cancelled())
+            .filter(|(_, worker)| worker.holds_a_slot() && !worker.stop.is_cancelled())
             .map(|(key, _)| key.clone())
             .collect()
     }
 
     fn running_total(&self) -> usize {
-        self.workers.lock().expect("workers").values().filter(|w| !w.handle.is_finished()).count()
+        self.workers.lock().expect("workers").values().filter(|w| w.holds_a_slot()).count()
     }
 
     async fn reconcile(&self, batch: Batch) -> Result<(), ExecError> {
@@ -216,10 +226,19 @@ impl Runtime for Runner {
         let finished = self.finished.clone();
         let failed = Arc::new(AtomicBool::new(false));
         let failure = failed.clone();
+        let dispatched = Arc::new(AtomicBool::new(false));
+        let (sent_all, wake_next) = (dispatched.clone(), self.wake.clone());
         let handle = tokio::spawn(async move {
             let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await;
             let result = match ledger {
-                Ok(ledger) => run_shard(&exec, &spec, &shard, &ledger, token).await,
+                Ok(ledger) => {
+                    // Its slot is free once its lines are all sent: the next pass may start another.
+                    let sent = move || {
+                        sent_all.store(true, Ordering::Relaxed);
+                        wake_next.notify_one();
+                    };
+                    run_shard(&exec, &spec, &shard, &ledger, token, &sent).await
+                }
                 Err(error) => Err(error),
             };
             match result {
@@ -244,7 +263,7 @@ impl Runtime for Runner {
             }
             wake.notify_one();
         });
-        let worker = Worker { stop, handle, failed };
+        let worker = Worker { stop, handle, failed, dispatched };
         self.workers.lock().expect("workers").insert((batch.spec.id.clone(), index), worker);
         Ok(())
     }

@@ -22,20 +22,21 @@ impl From<Child> for Process {
 }
 
 /// Starts `serve` with `config` over `data` and `RUST_LOG=log`; returns once it listens,
-/// with its URL (the rest of its output is drained).
+/// with its URL (the rest of its output is drained). `NIGHTSHIFT_BINARY` names another
+/// binary than the release build (an older one, to compare).
 pub fn spawn(config: &Path, data: &Path, log: &str) -> (Process, String) {
-    let nightshift = format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR"));
+    let nightshift = std::env::var("NIGHTSHIFT_BINARY")
+        .unwrap_or_else(|_| format!("{}/target/release/nightshift", env!("CARGO_MANIFEST_DIR")));
+    // Older builds served /metrics on the API's address and have no --metrics-listen.
+    let help = Command::new(&nightshift).args(["serve", "--help"]).output().unwrap();
+    let metrics: &[&str] = match String::from_utf8_lossy(&help.stdout).contains("--metrics-listen") {
+        true => &["--metrics-listen", "127.0.0.1:0"],
+        false => &[],
+    };
     let mut child = Command::new(&nightshift)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-            "--data-dir",
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(metrics)
+        .args(["--config", config.to_str().unwrap(), "--data-dir"])
         .arg(data)
         .env("RUST_LOG", log)
         .stdout(Stdio::piped())

@@ -16,7 +16,10 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(30);
 /// While the limit doubles from the start, a window is one round trip instead: the
 /// limit's worth of lines finished, and at least this long. A doubling then costs two
 /// round trips (one settling, one judged), not two seconds: a batch of a few thousand
-/// lines at a slow upstream no longer spends its life climbing.
+/// lines at a slow upstream no longer spends its life climbing. Only where the counts
+/// are this process's own ([`Governor::new`]); counts that arrive late (worker pods'
+/// acknowledgments, [`Governor::with_late_counts`]) keep whole windows from the start,
+/// or a doubling would be judged before its lines were counted.
 pub const START_WINDOW: Duration = Duration::from_millis(250);
 /// Overload cuts the limit at most this often (a burst of 429s is one signal).
 const BACKOFF_EVERY: Duration = Duration::from_secs(1);
@@ -44,14 +47,29 @@ struct Open {
 #[derive(Clone, Debug)]
 pub struct Governor {
     rule: Rule,
+    /// While the limit doubles from the start: the shortest window, and the turnovers of
+    /// the limit's lines it waits for.
+    start_window: (Duration, u64),
     window: Option<Open>,
     last_backoff: Option<Instant>,
     last_counts: Option<Counts>,
 }
 
 impl Governor {
+    /// A governor over counts of this process, up to date at every look.
     pub fn new(ceiling: u32) -> Self {
-        Self { rule: Rule::new(ceiling), window: None, last_backoff: None, last_counts: None }
+        Self {
+            rule: Rule::new(ceiling),
+            start_window: (START_WINDOW, 1),
+            window: None,
+            last_backoff: None,
+            last_counts: None,
+        }
+    }
+
+    /// A governor over counts that reach it late (reported by other processes).
+    pub fn with_late_counts(ceiling: u32) -> Self {
+        Self { start_window: (MIN_WINDOW, 2), ..Self::new(ceiling) }
     }
 
     pub fn limit(&self) -> u32 {
@@ -79,7 +97,7 @@ impl Governor {
         window.samples += 1;
         let elapsed = look.now.duration_since(window.started);
         let finished = look.counts.since(&window.at_start);
-        let (shortest, turns) = if self.rule.is_starting() { (START_WINDOW, 1) } else { (MIN_WINDOW, 2) };
+        let (shortest, turns) = if self.rule.is_starting() { self.start_window } else { (MIN_WINDOW, 2) };
         let turned_over = finished.lines >= turns * u64::from(self.rule.limit());
         if elapsed >= shortest && (turned_over || elapsed >= MAX_WINDOW) {
             // The next window starts at this look: no time goes unobserved between two.

@@ -85,7 +85,9 @@ struct Ready {
 }
 
 /// Runs `shard` of the batch until every request has a record, or until `stop` fires
-/// or the batch expires; then lines in flight get `grace` to finish.
+/// or the batch expires; then lines in flight get `grace` to finish. `dispatched` is
+/// called once no line is left to send (only lines in flight to finish and commit):
+/// `serve` then lets another shard take this one's slot.
 ///
 /// A line's record is durable before its permit goes to another line: records are
 /// group-committed (one commit writes every record that finished while the previous
@@ -98,6 +100,7 @@ pub async fn run_shard(
     shard: &Shard,
     ledger: &ShardLedger,
     stop: CancellationToken,
+    dispatched: &(dyn Fn() + Send + Sync),
 ) -> Result<ShardExit, ExecError> {
     if ledger.is_complete() {
         return Ok(ShardExit::Finished);
@@ -129,6 +132,7 @@ pub async fn run_shard(
     // A granted worker whose allowance is spent holds its next line until more comes.
     let mut grants = ctx.quota.grants();
     let mut waiting_for_tokens = false;
+    let mut all_sent = false;
 
     loop {
         // Read ahead to the next request that has no record yet, settling at once
@@ -143,6 +147,10 @@ pub async fn run_shard(
                 }
                 Step::Send { custom_id, upstream, body } => ready = Some(Ready { index, custom_id, upstream, body }),
             }
+        }
+        if !all_sent && ready.is_none() && (input.done || !dispatching) {
+            all_sent = true;
+            dispatched();
         }
         let group_ready = !awaiting.is_empty()
             && (awaiting.len() >= in_flight.len() || awaiting_since.is_some_and(|since| since.elapsed() >= GROUP_WAIT));

@@ -120,8 +120,10 @@ impl Adapting {
                 self.last.insert(key, (ack.run.clone(), observation.counts));
                 in_flight += observation.in_flight;
             }
-            let governor =
-                self.governors.entry(upstream.name.clone()).or_insert_with(|| Governor::new(upstream.ceiling));
+            let governor = self
+                .governors
+                .entry(upstream.name.clone())
+                .or_insert_with(|| Governor::with_late_counts(upstream.ceiling));
             let limit = governor.look(Look { now, counts: *total, in_flight, ceiling: upstream.ceiling });
             crate::metrics::METRICS.concurrency_limit_of(&upstream.name).set(i64::from(limit));
             limits.insert(upstream.name.clone(), limit);

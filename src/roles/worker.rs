@@ -149,7 +149,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let mode = if run.is_some() { Mode::Granted } else { Mode::Local };
     let exit = tokio::select! {
-        exit = run_shard(&exec, &spec, &shard, &ledger, stop) => exit,
+        // A pod holds its Job's slot until it ends: the controller counts Jobs.
+        exit = run_shard(&exec, &spec, &shard, &ledger, stop, &|| {}) => exit,
         () = following => unreachable!("following a grant never ends"),
         () = exec.upstreams.control(&exec.client, mode) => unreachable!("control loops never end"),
     };
