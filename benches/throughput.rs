@@ -1,7 +1,7 @@
 //! Line throughput of `nightshift serve` against a plain client (`just bench`).
 //! Each side runs three times and the best run of each is compared.
 //!
-//! Knobs for investigating: `BENCH_SERVE_LOG` (serve's RUST_LOG), `BENCH_SERVE_THREADS`
+//! Knobs for investigating: `NIGHTSHIFT_BINARY` (another build, to compare), `BENCH_SERVE_LOG` (serve's RUST_LOG), `BENCH_SERVE_THREADS`
 //! (its tokio worker threads), `BENCH_BATCHES` (YAML lines for `batches:`, `;`-separated),
 //! `BENCH_PAUSE_SECS` (time to attach `perf record -p` to serve).
 //!
@@ -105,12 +105,21 @@ async fn baseline(client: &reqwest::Client, url: &str) -> Duration {
     started.elapsed()
 }
 
+/// `--metrics-listen` for binaries that have it (older ones served /metrics on the API).
+fn own_metrics_address(nightshift: &str) -> &'static [&'static str] {
+    let help = Command::new(nightshift).args(["serve", "--help"]).output().unwrap();
+    match String::from_utf8_lossy(&help.stdout).contains("--metrics-listen") {
+        true => &["--metrics-listen", "127.0.0.1:0"],
+        false => &[],
+    }
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("upstream") {
         return upstream_main();
     }
     let root = env!("CARGO_MANIFEST_DIR");
-    let nightshift = format!("{root}/target/release/nightshift");
+    let nightshift = std::env::var("NIGHTSHIFT_BINARY").unwrap_or_else(|_| format!("{root}/target/release/nightshift"));
     assert!(std::path::Path::new(&nightshift).exists(), "build the release binary first: cargo build --release");
     let work = tempfile::TempDir::new().unwrap();
 
@@ -147,7 +156,9 @@ fn main() {
         )
         .unwrap();
         let mut serve = Command::new(&nightshift)
-            .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(own_metrics_address(&nightshift))
+            .args(["--config", config.to_str().unwrap(), "--data-dir"])
             .arg(work.path().join("data"))
             .env("RUST_LOG", std::env::var("BENCH_SERVE_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(std::env::var("BENCH_SERVE_THREADS").map(|n| ("TOKIO_WORKER_THREADS", n)))
