@@ -180,35 +180,14 @@ impl Serve {
         let form = reqwest::multipart::Form::new()
             .text("purpose", "batch")
             .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("grid.jsonl"));
-        let file: Value = self
-            .auth(self.client.post(format!("{}/v1/files", self.url)))
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let file = answer(self.auth(self.client.post(format!("{}/v1/files", self.url))).multipart(form)).await;
         let started = Instant::now();
-        let batch: Value = self
-            .auth(self.client.post(format!("{}/v1/batches", self.url)))
-            .json(&json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let create =
+            json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let batch = answer(self.auth(self.client.post(format!("{}/v1/batches", self.url))).json(&create)).await;
         let id = batch["id"].as_str().expect("batch created").to_owned();
         loop {
-            let batch: Value = self
-                .auth(self.client.get(format!("{}/v1/batches/{id}", self.url)))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let batch = answer(self.auth(self.client.get(format!("{}/v1/batches/{id}", self.url)))).await;
             if !matches!(batch["status"].as_str(), Some("validating" | "in_progress" | "finalizing")) {
                 assert_eq!(batch["status"], "completed", "{batch}");
                 assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
@@ -219,8 +198,13 @@ impl Serve {
     }
 }
 
+/// The JSON answer to `request`.
+async fn answer(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 async fn median_in_flight(client: &reqwest::Client, upstream: &str) -> u64 {
-    let stats: Value = client.get(format!("{upstream}/stats")).send().await.unwrap().json().await.unwrap();
+    let stats = answer(client.get(format!("{upstream}/stats"))).await;
     stats["median_in_flight"].as_u64().unwrap()
 }
 
