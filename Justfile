@@ -17,7 +17,7 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed, line throughput, the latency x concurrency grid, noisy neighbours, the night shift.
+# Benchmarks against the release binary: upload memory, validation speed, line throughput, the latency x concurrency grid, noisy neighbours, the night shift, and the night shift on a family of servers (llama-server among them once `just test` has installed it).
 bench:
     cargo build --release
     python3 bench/run.py
@@ -25,6 +25,7 @@ bench:
     cargo bench --bench grid
     cargo bench --bench neighbours
     cargo bench --bench night_shift
+    cargo bench --bench family
 
 # The controller at scale on a real kube-apiserver (run `just test` once first: it installs the tools).
 bench-operator:

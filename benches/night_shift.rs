@@ -58,7 +58,7 @@ fn secs(name: &str, default: u64) -> Duration {
 }
 
 struct Serve {
-    _process: serve::Process,
+    process: serve::Process,
     url: String,
     _work: tempfile::TempDir,
 }
@@ -76,7 +76,7 @@ impl Serve {
         std::fs::write(&config, format!("{projects}{rest}")).unwrap();
         let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into());
         let (process, url) = serve::spawn(&config, &work.path().join("data"), &log);
-        Self { _process: process, url, _work: work }
+        Self { process, url, _work: work }
     }
 
     fn auth(&self, request: reqwest::RequestBuilder, project: &str) -> reqwest::RequestBuilder {
@@ -112,7 +112,7 @@ impl Serve {
 
     /// A gauge of serve's `/metrics`.
     async fn gauge(&self, name: &str) -> Option<f64> {
-        let text = reqwest::get(format!("{}/metrics", self.url)).await.ok()?.text().await.ok()?;
+        let text = reqwest::get(self.process.metrics_url.as_deref()?).await.ok()?.text().await.ok()?;
         text.lines().find(|l| l.starts_with(name))?.rsplit(' ').next()?.parse().ok()
     }
 }

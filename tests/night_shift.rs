@@ -377,3 +377,36 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
     assert!(waited <= 0.1, "users find a place: {waited}");
     assert!(held >= 8.0, "the batch holds most of the 12 places users leave: {held}");
 }
+
+/// Users who fill the server on their own (a closed loop of as many users as it has
+/// places) hold a batch to one line at a time, a probe sent whenever a reading sees
+/// nothing queue: it goes on, slowly, and takes no more than that place. Held at none
+/// instead, it would learn nothing more of the server and never send a line again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_beside_users_who_fill_the_server_goes_on_a_line_at_a_time() {
+    let server = SimConfig { max_batch: 4, step_base: Duration::from_millis(2), ..SimConfig::default() };
+    let sim = Simulator::start(server).await;
+    let users = common::interactive::Interactive::closed(&sim.url, 4, 16);
+    let dir = TempDir::new().unwrap();
+    let config = format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {{url: \"{}\", every: 50ms}}\nbatches:\n  reconcile_interval: 100ms\n",
+        sim.url,
+        sim.metrics_url()
+    );
+    let (_serve, client) = start(&dir, &config);
+    let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
+    // What the first lines taught it (places, the users' level) settles in a few seconds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = sim.stats();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = sim.stats();
+    users.stop().await;
+    client.cancel(&id).await;
+    let finished = after.finished.get(&1).copied().unwrap_or(0) - before.finished.get(&1).copied().unwrap_or(0);
+    let steps = (after.steps - before.steps) as f64;
+    let held =
+        (after.decoded.get(&1).copied().unwrap_or(0) - before.decoded.get(&1).copied().unwrap_or(0)) as f64 / steps;
+    eprintln!("[night shift] beside users who fill the server: {finished} batch lines in 10 s, {held:.2} of 4 places");
+    assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
+    assert!(held <= 1.5, "a line at a time: the batch held {held:.2} of 4 places");
+}

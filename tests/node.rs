@@ -5,24 +5,28 @@
 //! Service's ClusterIP. Then the faults a cluster brings: a worker container killed
 //! mid-shard, the leading controller's pod deleted mid-batch, `helm upgrade` to a rebuilt
 //! image mid-batch, then the night shift (worker pods reading a model server's load
-//! signal while its users keep it busy), and removal as docs/kubernetes.md describes it.
+//! signal while its users keep it busy; then a real engine's, llama.cpp's llama-server),
+//! and removal as docs/kubernetes.md describes it.
 //!
 //! One test, in phases, on one node: a node takes about half a minute to start and the
 //! phases build on one installation, as a user's do. A failing phase prints the node's
 //! component logs and every pod's log.
 //!
 //! Needs the control plane and node binaries (tests/tools/install-kube.sh), the node's
-//! runtime and images (tests/tools/install-node.sh), helm, s3s-fs and the SDK's venv;
-//! `tests/run` installs them all.
+//! runtime and images (tests/tools/install-node.sh), helm, s3s-fs, llama-server
+//! (tests/tools/install-engine.sh) and the SDK's venv; `tests/run` installs them all.
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::{ClusterOptions, TestCluster, eventually};
 use common::committed::{check_kill_laws, committed_custom_ids, settle};
+use common::engine::LlamaServer;
 use common::image;
 use common::interactive::Interactive;
 use common::node::{NODE_NAME, POD_CIDR, RealNode, host_address};
@@ -56,6 +60,9 @@ struct Installation {
     upstream: MockUpstream,
     /// A model server with users of its own and a load signal (`sim-*` models).
     sim: Simulator,
+    /// A real one (the model `tiny`), its `/metrics` read through `engine_signal`.
+    engine: LlamaServer,
+    engine_signal: SignalReaders,
     helm_home: TempDir,
     values: std::path::PathBuf,
     api_url: String,
@@ -72,6 +79,8 @@ impl Installation {
         // Four places, 20 ms steps: a line of 32 tokens holds one for about 0.7 s.
         let sim_config = SimConfig { max_batch: 4, step_base: Duration::from_millis(20), ..SimConfig::default() };
         let sim = Simulator::start_on(&format!("{host}:0"), sim_config).await;
+        let engine = LlamaServer::start_on(&host.to_string(), "tiny", 4).await;
+        let engine_signal = SignalReaders::start(host.into(), format!("{}/metrics", engine.url)).await;
         cluster.create_namespace(NS).await;
         let secret = Secret {
             metadata: kube::api::ObjectMeta { name: Some("nightshift-s3".into()), ..Default::default() },
@@ -98,15 +107,28 @@ impl Installation {
             "upstreams": [{"name": "mock", "base_url": upstream.base_url, "models": ["mock-*"],
                            "max_concurrency": CONCURRENCY},
                           {"name": "sim", "base_url": sim.url, "models": ["sim-*"], "max_concurrency": 64,
-                           "priority": 1, "load_signal": {"url": sim.metrics_url()}}],
+                           "priority": 1, "load_signal": {"url": sim.metrics_url()}},
+                          {"name": "engine", "base_url": format!("{}/v1", engine.url), "models": [engine.alias],
+                           "max_concurrency": 64,
+                           "load_signal": {"server": "llamacpp", "url": engine_signal.url}}],
             "projects": [{"name": "demo", "id": PROJECT,
                           "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(KEY))}]}],
             "config": {"batches": {"shard_lines": SHARD_LINES, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
             "controller": {"replicas": 2, "leaseSeconds": 5},
         });
         std::fs::write(&values, serde_json::to_string(&values_json).unwrap()).unwrap();
-        let mut installation =
-            Installation { node, cluster, s3, upstream, sim, helm_home, values, api_url: String::new() };
+        let mut installation = Installation {
+            node,
+            cluster,
+            s3,
+            upstream,
+            sim,
+            engine,
+            engine_signal,
+            helm_home,
+            values,
+            api_url: String::new(),
+        };
         let started = Instant::now();
         installation.helm(&["install", RELEASE, CHART, "-f", installation.values.to_str().unwrap(), "--wait"]);
         eprintln!("[node] helm install --wait: ready in {:.1?}", started.elapsed());
@@ -215,6 +237,38 @@ impl Drop for Installation {
 
 /// The SDK's last line: the batch completed, every input line is in the output exactly
 /// once, answered by the upstream.
+/// A model server's `/metrics`, passed through on the host by a reader that records who
+/// read it (llama-server does not say).
+struct SignalReaders {
+    /// Where to read it.
+    url: String,
+    readers: Arc<Mutex<BTreeSet<IpAddr>>>,
+}
+
+impl SignalReaders {
+    async fn start(host: IpAddr, metrics: String) -> Self {
+        use axum::extract::{ConnectInfo, State};
+        let readers: Arc<Mutex<BTreeSet<IpAddr>>> = Arc::default();
+        let state = (readers.clone(), metrics, reqwest::Client::new());
+        type Shared = (Arc<Mutex<BTreeSet<IpAddr>>>, String, reqwest::Client);
+        let read = |ConnectInfo(peer): ConnectInfo<SocketAddr>, State((readers, metrics, client)): State<Shared>| async move {
+            readers.lock().unwrap().insert(peer.ip());
+            let page = client.get(&metrics).send().await.map_err(|e| e.to_string())?;
+            page.text().await.map_err(|e| e.to_string())
+        };
+        let app = axum::Router::new().route("/metrics", axum::routing::get(read)).with_state(state);
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(host, 0)).await.unwrap();
+        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
+        Self { url, readers }
+    }
+
+    fn readers(&self) -> BTreeSet<IpAddr> {
+        self.readers.lock().unwrap().clone()
+    }
+}
+
 fn check_results(lines: &[Value], expected: usize) {
     let finished = lines.last().expect("the SDK printed nothing");
     assert_eq!(finished["event"], "finished", "{finished}");
@@ -426,6 +480,33 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
         latencies.seconds.len(),
         stats.peak_waiting
     );
+
+    // -- 5b. The same on a real engine: llama-server's four slots, its signal read through
+    // the `llamacpp` preset by every worker pod of the batch.
+    let model = installation.engine.alias.clone();
+    let lines = tokio::task::block_in_place(|| {
+        installation.sdk(40, &[("MODEL", model.as_str()), ("MAX_TOKENS", "8")]).join().unwrap()
+    });
+    let finished = lines.last().expect("the SDK printed nothing");
+    assert_eq!(finished["counts"], json!({"total": 40, "completed": 40, "failed": 0}), "{finished}");
+    let output = finished["output"].as_array().unwrap();
+    for record in output {
+        let body = &record["response"]["body"];
+        assert_eq!(body["model"], model.as_str(), "answered by llama-server: {record}");
+        assert_eq!(body["usage"]["completion_tokens"], 8, "{record}");
+    }
+    let batch = batch_id(&lines);
+    let pod_ips: Vec<IpAddr> = eventually("the engine batch's worker pods and their addresses", 60, || async {
+        let pods = installation.pods(&batch_selector(&batch)).await;
+        let ips: Option<Vec<_>> = pods.iter().map(|p| p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()).collect();
+        ips.filter(|ips| ips.len() == 4)
+    })
+    .await;
+    let readers = installation.engine_signal.readers();
+    for ip in &pod_ips {
+        assert!(readers.contains(ip), "worker pod {ip} read llama-server's load signal: {readers:?}");
+    }
+    eprintln!("[node] llama-server: 40 lines by {} worker pods, each read its signal", pod_ips.len());
 
     // -- 6. Removal as docs/kubernetes.md says: Batches first (the controller cleans up
     // their Jobs and shard data), then helm uninstall: no pods and no Jobs are left.

@@ -832,6 +832,38 @@ async fn a_batch_projected_to_miss_its_window_raises_a_warning_event() {
     assert!(counts["completed"].as_u64().unwrap() < 40, "{ended}");
 }
 
+/// A worker pod that sets its upstream's load signal aside as stale (the same answer,
+/// byte for byte, while its lines finish) says so, and the controller tells the Batch's
+/// owner in a Warning Event; the lines go on under the throughput rule alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_signal_gone_stale_at_a_worker_pod_is_a_warning_event_on_its_batch() {
+    let frozen = MockUpstream::start().await;
+    frozen.delay(Duration::from_millis(100));
+    // A metrics page that never changes: a cache, or an exporter that died.
+    let page = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async { "vllm:num_requests_waiting 0\nvllm:num_requests_running 2\n" }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = format!("http://{}/metrics", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, page).await.unwrap() });
+    let upstream = format!(
+        "  - name: frozen\n    base_url: {}\n    models: [\"frozen-*\"]\n    max_concurrency: 2\n    adaptive: false\n    \
+         load_signal: {{url: \"{metrics}\", every: 100ms}}\n",
+        frozen.base_url
+    );
+    let operator = Operator::set_up(Setup { upstreams: &upstream, ..Setup::new(1000, Duration::ZERO, 4) }).await;
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    // 300 lines, two at a time, 100 ms each: some 15 s, past the 10 s a repeated answer
+    // is believed.
+    let batch = client.create(&client.upload(input(&ids("line", 300), "frozen-a")).await).await;
+    let id = nightshift::ids::BatchId::parse(batch["id"].as_str().unwrap()).unwrap();
+    let message = operator.warning("LoadSignalStale", &resource_name(&id)).await;
+    assert!(message.starts_with("upstream frozen's load signal is stale"), "{message}");
+    let done = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(done["request_counts"]["completed"], 300, "{done}");
+}
+
 /// A project's quota is shared by its running worker pods, not copied to each: spend
 /// passes it by no more than the lines in flight when it ran out, and reaches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

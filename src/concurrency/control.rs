@@ -7,7 +7,7 @@
 //! reads the signal and holds its own lines; a signal gone stale is set aside
 //! ([`super::staleness`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -24,6 +24,11 @@ use crate::metrics::METRICS;
 pub const TICK: Duration = Duration::from_millis(50);
 /// A failing load signal is logged at most this often (it is counted every time).
 const WARN_EVERY: Duration = Duration::from_secs(60);
+/// Lines a batch keeps in flight, whatever the caps, while the last reading saw nothing
+/// queue: a probe. At none, a batch would learn nothing more of the server (its places
+/// are learned from what runs, its queue from what waits): a server whose users queue
+/// now and then on their own would hold it at none for good.
+pub const PROBE_LINES: u32 = 1;
 
 /// Where an upstream's ceiling comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +46,9 @@ pub struct Control {
     pub grant: AtomicU32,
     /// How many worker pods the grant says send to the upstream (`Mode::Granted`).
     pub sharing: AtomicU32,
+    /// The load signal's last reading was set aside as stale ([`super::staleness`]): a
+    /// worker pod says so in its acknowledgment, and the controller warns on its Batch.
+    pub signal_stale: AtomicBool,
 }
 
 /// Runs forever (the caller drops it to stop).
@@ -83,6 +91,8 @@ struct LoadCaps {
     headroom: Headroom,
     /// The headroom's cap as of the last reading (none once a reading fails).
     room: Option<u32>,
+    /// The last reading saw nothing queue (or failed).
+    clear: bool,
     staleness: Staleness,
     next_read: tokio::time::Instant,
     warned: Option<tokio::time::Instant>,
@@ -96,6 +106,7 @@ impl LoadCaps {
             gate: Gate::default(),
             headroom: Headroom::default(),
             room: None,
+            clear: true,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
             warned: None,
@@ -114,9 +125,11 @@ impl LoadCaps {
         }
     }
 
-    /// The lower of the gate's cap and the headroom's (`None`: neither holds the batch).
+    /// The lower of the gate's cap and the headroom's (`None`: neither holds the batch),
+    /// but [`PROBE_LINES`] at least while nothing queues.
     fn cap(&self) -> Option<u32> {
-        [self.gate.cap(), self.room].into_iter().flatten().min()
+        let cap = [self.gate.cap(), self.room].into_iter().flatten().min()?;
+        Some(if self.clear { cap.max(PROBE_LINES) } else { cap })
     }
 
     /// Reads the upstream's load signal, if it has one and a reading is due, and sets the
@@ -139,7 +152,9 @@ impl LoadCaps {
                     holding: pressure != Pressure::Clear,
                     finished: upstream.observed.counts().lines,
                 };
-                match self.staleness.judge(std::time::Instant::now(), sample) {
+                let stale = self.staleness.judge(std::time::Instant::now(), sample);
+                upstream.control.signal_stale.store(stale.is_some(), Ordering::Relaxed);
+                match stale {
                     None => (pressure, reading.running.map(|running| (running, reading.waiting))),
                     Some(stale) => {
                         let detail = match stale {
@@ -150,12 +165,14 @@ impl LoadCaps {
                         // The throughput rule alone, at once: nothing of the signal holds.
                         self.gate = Gate::default();
                         self.room = None;
+                        self.clear = true;
                         self.held.set(0);
                         return;
                     }
                 }
             }
             Err(failure) => {
+                upstream.control.signal_stale.store(false, Ordering::Relaxed);
                 self.failed(failure.reason, &failure.detail);
                 (Pressure::Clear, None)
             }
@@ -173,7 +190,8 @@ impl LoadCaps {
             upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, room = ?self.room,
             reserve = self.headroom.reserve(), limit, "load signal read"
         );
-        self.held.set(i64::from(pressure != Pressure::Clear));
+        self.clear = pressure == Pressure::Clear;
+        self.held.set(i64::from(!self.clear));
     }
 }
 

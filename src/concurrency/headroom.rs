@@ -13,7 +13,9 @@
 //!   ([`super::gate`] holds it while it probes).
 //! - **The reserve** is the most that other traffic grew between two readings over the
 //!   last [`RESERVE_OVER`] (at least one place): the room users took before the batch
-//!   could see them.
+//!   could see them. A server that had no other traffic over that span has no users to
+//!   keep room for, and no reserve: a batch alone fills every place (on a server of two
+//!   slots, one kept free would be half of it).
 //! - **A dip is not a departure.** A reading that caught this process's lines on their
 //!   way in (sent, not yet counted by the server: lines that finish together are replaced
 //!   together) sees other traffic drop, and the places it seems to free are those lines'.
@@ -61,11 +63,18 @@ pub struct Headroom {
     others: [Option<f64>; 2],
     /// When other traffic grew between two readings, and by how much.
     rises: VecDeque<(Instant, f64)>,
+    /// The last reading that saw other traffic.
+    others_seen: Option<Instant>,
+    /// No reading saw other traffic over the last [`RESERVE_OVER`].
+    alone: bool,
 }
 
 impl Headroom {
     /// The places kept free for other traffic now.
     pub fn reserve(&self) -> f64 {
+        if self.alone {
+            return 0.0;
+        }
         self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
     }
 
@@ -78,6 +87,10 @@ impl Headroom {
             self.places = Some(self.places.unwrap_or(0.0).max(occupancy.running));
         }
         let others = occupancy.others();
+        if others > 0.0 {
+            self.others_seen = Some(now);
+        }
+        self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
         // A dip is not a departure (the module's doc): growth counts from the higher of
         // the two readings before, and other traffic from the higher of this one and the
         // one before.
@@ -167,6 +180,23 @@ mod tests {
         assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32.0 - 4.0 - 1.0));
         // Users alone fill the server: no batch line.
         assert_eq!(headroom.read(at(start, 11_500), occupancy(32.0, 6.0, 2), 1.0), Some(0.0));
+    }
+
+    #[test]
+    fn a_server_with_no_other_traffic_lately_keeps_no_reserve() {
+        let start = Instant::now();
+        // The batch alone on a server of four places: it may fill all four.
+        let mut headroom = Headroom::default();
+        assert_eq!(headroom.read(at(start, 0), occupancy(4.0, 2.0, 6), 1.0), Some(4.0));
+        assert_eq!(headroom.reserve(), 0.0);
+        assert_eq!(headroom.read(at(start, 100), occupancy(4.0, 0.0, 4), 1.0), Some(4.0));
+        // A user comes: one place is theirs, and one kept for the next.
+        assert_eq!(headroom.read(at(start, 200), occupancy(4.0, 1.0, 4), 1.0), Some(4.0 - 1.0 - 1.0));
+        assert_eq!(headroom.reserve(), 1.0);
+        // Gone, and nobody for 5 s more: the reserve goes too.
+        headroom.read(at(start, 300), occupancy(2.0, 0.0, 2), 1.0);
+        assert_eq!(headroom.reserve(), 1.0);
+        assert_eq!(headroom.read(at(start, 5_300), occupancy(2.0, 0.0, 2), 1.0), Some(4.0));
     }
 
     #[test]

@@ -56,8 +56,11 @@ impl Run<'_> {
                         observed: upstreams
                             .iter()
                             .map(|u| {
-                                let observation =
-                                    Observation { counts: u.observed.counts(), in_flight: u.limiter.in_flight() };
+                                let observation = Observation {
+                                    counts: u.observed.counts(),
+                                    in_flight: u.limiter.in_flight(),
+                                    signal_stale: u.control.signal_stale.load(Ordering::Relaxed),
+                                };
                                 (u.name.clone(), observation)
                             })
                             .collect(),

@@ -69,12 +69,15 @@ pub struct Ack {
     pub observed: BTreeMap<String, Observation>,
 }
 
-/// A worker's view of an upstream: its finished requests so far (this run) and its
-/// requests in flight.
+/// A worker's view of an upstream: its finished requests so far (this run), its
+/// requests in flight, and whether it trusts the upstream's load signal.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
     pub counts: crate::concurrency::Counts,
     pub in_flight: u32,
+    /// Its load signal is set aside as stale (`crate::concurrency::staleness`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub signal_stale: bool,
 }
 
 /// A run's tokens: what its shard had committed when it started (`base`), what it has

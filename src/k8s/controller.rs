@@ -119,7 +119,8 @@ impl Context {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    async fn event(&self, batch: &BatchResource, type_: EventType, reason: &str, note: String) {
+    /// Publishes an Event on `batch` (failures are logged: an Event is worth no retry).
+    pub async fn event(&self, batch: &BatchResource, type_: EventType, reason: &str, note: String) {
         let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
         if let Err(error) = self.recorder.publish(&event, &batch.object_ref(&())).await {
             tracing::warn!(%error, "could not publish an event");

@@ -1,7 +1,8 @@
 //! The controller's side of the installation-wide limits (`crate::grants`): twice a
 //! second, the running worker Jobs are the workers, their acknowledgments are read from
 //! storage, each upstream's limit and each project's remaining quota are divided among
-//! them, and the changed grants are written back.
+//! them, and the changed grants are written back. What the acknowledgments say of
+//! stale load signals becomes Warning Events (`super::stale_signals`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -9,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 
 use super::controller::Context;
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use super::jobs::{job_phase, job_shard};
+use super::stale_signals::{self, Warned};
 use crate::concurrency::Counts;
 use crate::concurrency::governor::{Governor, Look};
 use crate::drive::WorkerPhase;
@@ -51,11 +54,18 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, ups
     let mut workers = Workers { seen: recall(store.as_ref()).await, leaving: BTreeMap::new() };
     let mut final_usage = HashMap::new();
     let mut adapting = Adapting::default();
+    let mut warned = Warned::default();
     loop {
         tokio::time::sleep(EVERY).await;
         let jobs = ctx.jobs.state();
         let running: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
         workers.observe(store.as_ref(), &jobs, &running).await;
+        for stale in warned.due(Instant::now(), stale_signals::reported(&running, &workers.seen)) {
+            let batch = batches.state().into_iter().find(|b| resource_name(&b.spec.batch.id) == stale.batch);
+            if let Some(batch) = batch {
+                ctx.event(&batch, EventType::Warning, "LoadSignalStale", stale.note()).await;
+            }
+        }
         let limits = adapting.limits(&upstreams, &workers.seen);
         let mut next = divide(&limits, &workers.seen, &worker_projects(&ctx, &running));
         match share_quotas(&ctx, &batches, &running, &workers.seen, &mut final_usage).await {

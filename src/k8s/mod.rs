@@ -12,5 +12,6 @@ pub mod leader;
 pub mod projects;
 pub mod rbac;
 pub mod schema;
+pub mod stale_signals;
 pub mod store;
 pub mod usage;

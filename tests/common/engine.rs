@@ -16,14 +16,20 @@ pub struct LlamaServer {
 }
 
 impl LlamaServer {
-    /// Serves the test model `model` (`tiny`, `small`) with `slots` sequences at once.
+    /// Serves the test model `model` (`tiny`, `small`) with `slots` sequences at once, on
+    /// 127.0.0.1.
+    pub async fn start(model: &str, slots: usize) -> Self {
+        Self::start_on("127.0.0.1", model, slots).await
+    }
+
+    /// [`Self::start`] on the address `host` (one that pods reach, for a real node).
     // A start that times out panics the test, whose exit ends the child.
     #[allow(clippy::zombie_processes)]
-    pub async fn start(model: &str, slots: usize) -> Self {
+    pub async fn start_on(host: &str, model: &str, slots: usize) -> Self {
         let port = ports::claim_one();
         let log = std::env::temp_dir().join(format!("llama-server-{port}.log"));
         let child = Command::new(tools::llama_server())
-            .args(["-m", tools::engine_model(model).to_str().unwrap(), "--host", "127.0.0.1"])
+            .args(["-m", tools::engine_model(model).to_str().unwrap(), "--host", host])
             .args(["--port", &port.to_string(), "-np", &slots.to_string(), "-c", &(512 * slots).to_string()])
             // One thread: busy-waiting threads starve each other on a small machine; many HTTP
             // threads: its HTTP layer stalls when many connections arrive at once.
@@ -33,7 +39,7 @@ impl LlamaServer {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("llama-server starts");
-        let server = Self { child, url: format!("http://127.0.0.1:{port}"), alias: model.to_owned() };
+        let server = Self { child, url: format!("http://{host}:{port}"), alias: model.to_owned() };
         // 503 while the model loads, 200 once it serves.
         let started = Instant::now();
         loop {

@@ -17,9 +17,12 @@ client = OpenAI(
 )
 lines = int(os.environ.get("LINES", "20"))
 model = os.environ.get("MODEL", "mock-a")
+body = {"model": model}
+if os.environ.get("MAX_TOKENS"):
+    body["max_tokens"] = int(os.environ["MAX_TOKENS"])
 payload = "".join(
     json.dumps({"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": model, "messages": [{"role": "user", "content": f"line-{n}"}]}}) + "\n"
+                "body": {**body, "messages": [{"role": "user", "content": f"line-{n}"}]}}) + "\n"
     for n in range(lines)
 ).encode()
 uploaded = client.files.create(file=("input.jsonl", payload), purpose="batch")

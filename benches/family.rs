@@ -1,0 +1,465 @@
+//! The night shift on a family of model servers (`just bench`): does the untuned batch
+//! (a high ceiling and the server's load signal, no number tuned) find each server's
+//! room, alone and beside its users, as well as the best fixed concurrency found in
+//! hindsight on that same server?
+//!
+//! Members: simulated servers (`tests/common/simulator.rs`) of 16, 64 and 256 sequences,
+//! bound by sequences or by their KV cache, with a GPU-like step (nearly flat in the
+//! batch's size) or a CPU-like one (growing with it); and llama.cpp's `llama-server`
+//! (a real engine, on the CPU here) with 2, 4 and 8 slots and two model sizes, when
+//! tests/tools/install-engine.sh has installed it (`tests/run` does).
+//!
+//! For each member:
+//! 1. **Alone**: batch output tokens/s at fixed concurrencies around the server's size;
+//!    the best is the server's capacity. Then untuned: its share of the best.
+//! 2. **Beside users** (Poisson, `USER_TOKENS` output tokens each, at a share of that
+//!    capacity): users' p99 with no batch; then fixed concurrencies beside the same
+//!    users, and the hindsight best: the largest share of the idle capacity that a fixed
+//!    concurrency reaches while keeping users' p99 within 1.2× (where none does, the one
+//!    with the lowest p99). Then untuned: users' p99 against theirs alone, its share, and
+//!    that share against the hindsight best's.
+//!
+//! Every run starts a fresh server and a fresh `serve` (release build, or
+//! `NIGHTSHIFT_BINARY`): no run inherits another's queue. Batch tokens are counted from
+//! `serve`'s `nightshift_lines_total` (every batch line asks for exactly
+//! `BATCH_TOKENS`, and these servers answer exactly what is asked).
+//!
+//! Knobs: `FAMILY_BEFORE` (another build's binary: its untuned runs beside this one's,
+//! on the same servers and against the same hindsight), `FAMILY` (members whose name
+//! contains any of its `|`-separated parts;
+//! default: all), `FAMILY_USERS` (comma-separated `pattern:percent`, patterns `steady`,
+//! `bursty` (3× for 2 s in every 10), `daynight` (a quarter to 1.75× the rate over 30 s);
+//! default `steady:40`), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
+//! alone, twice that beside users).
+
+#[allow(dead_code)]
+#[path = "../tests/common/engine.rs"]
+mod engine;
+#[allow(dead_code)]
+#[path = "../tests/common/interactive.rs"]
+mod interactive;
+#[allow(dead_code)]
+#[path = "../tests/common/ports.rs"]
+mod ports;
+#[path = "common/serve.rs"]
+mod serve;
+#[allow(dead_code)]
+#[path = "../tests/common/simulator.rs"]
+mod simulator;
+#[allow(dead_code)]
+#[path = "../tests/common/tools.rs"]
+mod tools;
+
+use std::time::{Duration, Instant};
+
+use engine::LlamaServer;
+use interactive::{Interactive, Pattern};
+use simulator::{SimConfig, Simulator};
+
+const PROJECT: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
+const KEY: &str = "family-key";
+/// Output tokens of every batch line.
+const BATCH_TOKENS: u32 = 32;
+/// Output tokens of every user's request.
+const USER_TOKENS: u32 = 32;
+/// Users' p99 beside a batch may be this many times their p99 alone.
+const P99_BOUND: f64 = 1.2;
+
+/// A server of the family.
+#[derive(Clone, Debug)]
+enum Kind {
+    Sim(SimConfig),
+    Engine { model: &'static str, slots: usize },
+}
+
+struct Member {
+    name: &'static str,
+    kind: Kind,
+    /// Sequences it runs at once: the fixed concurrencies tried are around it.
+    places: u32,
+}
+
+fn sim(max_batch: usize, kv_capacity: u64, step_ms: u64, per_seq_us: u64) -> Kind {
+    Kind::Sim(SimConfig {
+        max_batch,
+        kv_capacity,
+        step_base: Duration::from_millis(step_ms),
+        step_per_seq: Duration::from_micros(per_seq_us),
+        ..SimConfig::default()
+    })
+}
+
+/// The family. A batch line holds ~22 prompt tokens and up to 32 generated in the KV
+/// cache, a user's ~12 and 32: a cache of 1,800 tokens holds some 40 of them, 6,000
+/// some 140.
+fn family() -> Vec<Member> {
+    let mut members = vec![
+        Member { name: "sim 16 seqs, GPU-like step", kind: sim(16, 1_000_000, 5, 40), places: 16 },
+        Member { name: "sim 16 seqs, CPU-like step", kind: sim(16, 1_000_000, 2, 2_000), places: 16 },
+        Member { name: "sim 64 seqs, KV-bound", kind: sim(64, 1_800, 10, 20), places: 64 },
+        Member { name: "sim 256 seqs, sequence-bound", kind: sim(256, 1_000_000, 20, 10), places: 256 },
+        Member { name: "sim 256 seqs, KV-bound", kind: sim(256, 6_000, 20, 10), places: 256 },
+    ];
+    let installed =
+        std::env::var_os("LLAMA_SERVER").is_some() || tools::cache_dir().join("engine/bin/llama-server").exists();
+    if installed {
+        members.extend([
+            Member { name: "llama-server tiny, 2 slots", kind: Kind::Engine { model: "tiny", slots: 2 }, places: 2 },
+            Member { name: "llama-server tiny, 4 slots", kind: Kind::Engine { model: "tiny", slots: 4 }, places: 4 },
+            Member { name: "llama-server tiny, 8 slots", kind: Kind::Engine { model: "tiny", slots: 8 }, places: 8 },
+            Member { name: "llama-server small, 4 slots", kind: Kind::Engine { model: "small", slots: 4 }, places: 4 },
+        ]);
+    } else {
+        println!("(llama-server is not installed: tests/tools/install-engine.sh; its members are left out)");
+    }
+    members
+}
+
+/// A member's server, running.
+enum Server {
+    Sim(Simulator),
+    Engine(LlamaServer),
+}
+
+impl Server {
+    async fn start(kind: &Kind) -> Self {
+        match kind {
+            Kind::Sim(config) => Self::Sim(Simulator::start(config.clone()).await),
+            Kind::Engine { model, slots } => Self::Engine(LlamaServer::start(model, *slots).await),
+        }
+    }
+
+    /// The OpenAI API's root (`…/v1`).
+    fn api(&self) -> String {
+        match self {
+            Self::Sim(sim) => sim.url.clone(),
+            Self::Engine(engine) => format!("{}/v1", engine.url),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        match self {
+            Self::Sim(sim) => sim.metrics_url(),
+            Self::Engine(engine) => format!("{}/metrics", engine.url),
+        }
+    }
+
+    /// The `load_signal.server` preset that reads its metrics.
+    fn preset(&self) -> &'static str {
+        match self {
+            Self::Sim(_) => "vllm",
+            Self::Engine { .. } => "llamacpp",
+        }
+    }
+}
+
+/// How the batch is run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Batch {
+    Fixed(u32),
+    /// What a user sets who tunes nothing: a high ceiling and where the load signal is.
+    Untuned,
+}
+
+impl Batch {
+    fn upstream(self, server: &Server) -> String {
+        match self {
+            Self::Fixed(n) => format!("    max_concurrency: {n}\n    adaptive: false\n"),
+            Self::Untuned => format!(
+                "    max_concurrency: 1024\n    load_signal:\n      server: {}\n      url: {}\n",
+                server.preset(),
+                server.metrics()
+            ),
+        }
+    }
+}
+
+struct Serve {
+    process: serve::Process,
+    url: String,
+    _work: tempfile::TempDir,
+}
+
+impl Serve {
+    /// `serve` (the binary `nightshift`) sending to `server` as `batch` says, with a batch
+    /// of `lines` created.
+    async fn start(nightshift: &str, server: &Server, batch: Batch, lines: usize) -> Self {
+        let work = tempfile::TempDir::new().unwrap();
+        let config = work.path().join("nightshift.yaml");
+        let yaml = format!(
+            "projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\nupstreams:\n  - name: server\n    base_url: {}\n{}batches:\n  reconcile_interval: 100ms\n",
+            server.api(),
+            batch.upstream(server)
+        );
+        std::fs::write(&config, yaml).unwrap();
+        let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into());
+        let (process, url) = serve::spawn_binary(nightshift, &config, &work.path().join("data"), &log);
+        let serve = Self { process, url, _work: work };
+        serve.submit(lines).await;
+        serve
+    }
+
+    fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        request.header("x-project-id", PROJECT).header("x-api-key", KEY)
+    }
+
+    async fn submit(&self, lines: usize) {
+        let client = reqwest::Client::new();
+        let input: String = (0..lines)
+            .map(|n| {
+                let body = format!(
+                    r#"{{"model":"m","max_tokens":{BATCH_TOKENS},"messages":[{{"role":"user","content":"Summarise document {n} of the archive in a few sentences, keeping names and dates."}}]}}"#
+                );
+                format!("{{\"custom_id\":\"r{n}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{body}}}\n")
+            })
+            .collect();
+        let form = reqwest::multipart::Form::new()
+            .text("purpose", "batch")
+            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
+        let file: serde_json::Value = self
+            .auth(client.post(format!("{}/v1/files", self.url)))
+            .multipart(form)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let batch = self.auth(client.post(format!("{}/v1/batches", self.url))).json(&create).send().await.unwrap();
+        assert!(batch.status().is_success(), "{}", batch.text().await.unwrap());
+    }
+
+    /// Batch lines that got their answer so far.
+    async fn completed(&self) -> f64 {
+        let url = self.process.metrics_url.as_deref().expect("serve says where its metrics are");
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        let line = text.lines().find(|l| l.starts_with("nightshift_lines_total{outcome=\"completed\""));
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+    }
+}
+
+fn secs(name: &str, default: u64) -> Duration {
+    Duration::from_secs(std::env::var(name).ok().map_or(default, |v| v.parse().unwrap()))
+}
+
+/// What one run measured.
+#[derive(Clone, Copy, Debug)]
+struct Outcome {
+    /// Batch output tokens/s.
+    batch: f64,
+    /// Users' p99 (s) and output tokens/s, if there were users.
+    users: Option<(f64, f64)>,
+}
+
+/// One run on a fresh `kind` server: users as `users` says, a batch as `batch` says
+/// (by the build it names); measured after the warm-up.
+async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, measure: Duration) -> Outcome {
+    let server = Server::start(kind).await;
+    let users = users.map(|pattern| Interactive::start(&server.api(), pattern, USER_TOKENS));
+    let warm = secs("FAMILY_WARM_SECS", 8);
+    // Enough lines that none runs out: a thousand lines a second at most, here.
+    let lines = ((warm + measure).as_secs() as usize * 1_000).clamp(2_000, 60_000);
+    let serve = match batch {
+        Some((batch, nightshift)) => Some(Serve::start(nightshift, &server, batch, lines).await),
+        None => None,
+    };
+    tokio::time::sleep(warm).await;
+    if let Some(users) = &users {
+        users.measure_from_now();
+    }
+    let before = match &serve {
+        Some(serve) => serve.completed().await,
+        None => 0.0,
+    };
+    let started = Instant::now();
+    tokio::time::sleep(measure).await;
+    let after = match &serve {
+        Some(serve) => serve.completed().await,
+        None => 0.0,
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    drop(serve);
+    let users = match users {
+        Some(users) => {
+            let latencies = users.stop().await;
+            if latencies.failed > 0 {
+                println!("  ({} users' requests failed)", latencies.failed);
+            }
+            Some((latencies.percentile(99.0), latencies.tokens as f64 / elapsed))
+        }
+        None => None,
+    };
+    Outcome { batch: (after - before) * f64::from(BATCH_TOKENS) / elapsed, users }
+}
+
+/// Fixed concurrencies to try: powers of two from `from` to `to` (at least 1).
+fn powers(from: u32, to: u32) -> Vec<u32> {
+    std::iter::successors(Some(from.max(1)), |n| Some(n * 2)).take_while(|n| *n <= to.max(1)).collect()
+}
+
+/// A build of `serve` to run untuned: this one, and `FAMILY_BEFORE`'s to compare.
+struct Build {
+    name: &'static str,
+    binary: String,
+}
+
+fn builds() -> Vec<Build> {
+    let mut builds = vec![Build { name: "this build", binary: serve::binary() }];
+    if let Ok(binary) = std::env::var("FAMILY_BEFORE") {
+        builds.push(Build { name: "before", binary });
+    }
+    builds
+}
+
+/// Alone: the best fixed concurrency and its tokens/s.
+async fn best_alone(member: &Member) -> (u32, f64) {
+    let measure = secs("FAMILY_MEASURE_SECS", 15);
+    let mut best = (0, 0.0);
+    for n in powers(member.places / 4, member.places * 2) {
+        let outcome = run(&member.kind, Some((Batch::Fixed(n), &serve::binary())), None, measure).await;
+        eprintln!("  {}: alone, fixed {n}: {:.0} tokens/s", member.name, outcome.batch);
+        if outcome.batch > best.1 {
+            best = (n, outcome.batch);
+        }
+    }
+    best
+}
+
+/// A run beside users: users' p99 against `alone_p99`, and the batch's share of what
+/// they leave idle of `capacity`.
+struct Beside {
+    p99_ratio: f64,
+    share: f64,
+}
+
+/// Users as a member's server sees them: their pattern, their p99 with no batch, and
+/// the server's capacity (batch tokens/s alone at its best).
+#[derive(Clone, Copy)]
+struct Users {
+    pattern: Pattern,
+    alone_p99: f64,
+    capacity: f64,
+}
+
+async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -> Beside {
+    let outcome = run(&member.kind, Some((batch, nightshift)), Some(users.pattern), measure_with_users()).await;
+    let (p99, used) = outcome.users.expect("users ran");
+    let beside = Beside { p99_ratio: p99 / users.alone_p99, share: outcome.batch / (users.capacity - used).max(1.0) };
+    eprintln!("  {}: {batch:?} beside users: p99 {:.2}×, share {:.2}", member.name, beside.p99_ratio, beside.share);
+    beside
+}
+
+fn measure_with_users() -> Duration {
+    secs("FAMILY_MEASURE_SECS", 15) * 2
+}
+
+/// The hindsight best fixed concurrency beside users: fixed concurrencies from a
+/// sixteenth of the server's places (one at least) up, doubling while users' p99 stays within the bound, then one between the last that
+/// did and the first that did not. Returns it, its share and its p99 ratio.
+async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
+    let nightshift = serve::binary();
+    let mut tried: Vec<(u32, Beside)> = Vec::new();
+    for n in powers(member.places / 16, member.places * 2) {
+        let result = beside(member, Batch::Fixed(n), &nightshift, users).await;
+        let over = result.p99_ratio > P99_BOUND;
+        tried.push((n, result));
+        if over {
+            let below = n / 2;
+            if below >= 1 && n - below >= 2 {
+                let middle = below + (n - below) / 2;
+                let result = beside(member, Batch::Fixed(middle), &nightshift, users).await;
+                tried.push((middle, result));
+            }
+            break;
+        }
+    }
+    let within = tried.iter().filter(|(_, b)| b.p99_ratio <= P99_BOUND).max_by(|a, b| a.1.share.total_cmp(&b.1.share));
+    let pick = within.or_else(|| tried.iter().min_by(|a, b| a.1.p99_ratio.total_cmp(&b.1.p99_ratio)));
+    let (n, best) = pick.expect("one run at least");
+    (*n, Beside { p99_ratio: best.p99_ratio, share: best.share })
+}
+
+/// `FAMILY_USERS`: the users' patterns at their share of capacity, with names.
+fn user_patterns(capacity_tokens: f64) -> Vec<(String, Pattern)> {
+    let spec = std::env::var("FAMILY_USERS").unwrap_or_else(|_| "steady:40".into());
+    spec.split(',')
+        .map(|part| {
+            let (name, percent) = part.trim().split_once(':').expect("pattern:percent");
+            let per_sec = percent.parse::<f64>().unwrap() / 100.0 * capacity_tokens / f64::from(USER_TOKENS);
+            let pattern = match name {
+                "steady" => Pattern::Steady { per_sec },
+                "bursty" => Pattern::Bursty { per_sec, factor: 3.0, burst: 2.0, every: 10.0 },
+                "daynight" => Pattern::DayNight { low: per_sec * 0.25, high: per_sec * 1.75, period: 30.0 },
+                other => panic!("FAMILY_USERS: no pattern {other}"),
+            };
+            (format!("{name} {percent}%"), pattern)
+        })
+        .collect()
+}
+
+fn main() {
+    assert!(std::path::Path::new(&serve::binary()).exists(), "build the release binary first: cargo build --release");
+    let wanted = std::env::var("FAMILY").unwrap_or_default();
+    let members: Vec<Member> = family()
+        .into_iter()
+        .filter(|m| wanted.is_empty() || wanted.split('|').any(|part| m.name.contains(part.trim())))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let builds = builds();
+        let mut alone_rows = Vec::new();
+        let mut beside_rows = Vec::new();
+        for member in &members {
+            let (best_n, best) = best_alone(member).await;
+            for build in &builds {
+                let untuned = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, secs("FAMILY_MEASURE_SECS", 15));
+                let untuned = untuned.await.batch;
+                eprintln!("  {}: alone, untuned ({}): {untuned:.0} tokens/s", member.name, build.name);
+                alone_rows.push(format!(
+                    "| {} | fixed {best_n}: {best:.0} | {} | {untuned:.0} | {:.2} | {} |",
+                    member.name,
+                    build.name,
+                    untuned / best,
+                    verdict(untuned / best >= 0.95)
+                ));
+            }
+            for (users_name, pattern) in user_patterns(best) {
+                let (alone_p99, _) = run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap();
+                let users = Users { pattern, alone_p99, capacity: best };
+                let (n, fixed) = hindsight(member, users).await;
+                // Where no fixed concurrency keeps the bound, the best one's p99 is the bar.
+                let bar = fixed.p99_ratio.max(P99_BOUND);
+                for build in &builds {
+                    let untuned = beside(member, Batch::Untuned, &build.binary, users).await;
+                    beside_rows.push(format!(
+                        "| {} | {users_name} | {:.0} ms | fixed {n}: {:.2}× at {:.2} | {} | {:.2}× | {:.2} | {:.2} | {} |",
+                        member.name,
+                        alone_p99 * 1000.0,
+                        fixed.p99_ratio,
+                        fixed.share,
+                        build.name,
+                        untuned.p99_ratio,
+                        untuned.share,
+                        untuned.share / fixed.share,
+                        verdict(untuned.p99_ratio <= bar && untuned.share >= 0.9 * fixed.share)
+                    ));
+                }
+            }
+        }
+        println!("\n## Alone: untuned against the best fixed concurrency (batch output tokens/s)");
+        println!("| server | best fixed | build | untuned | untuned / best | ≥ 0.95 |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        alone_rows.iter().for_each(|row| println!("{row}"));
+        println!("\n## Beside users: users' p99 against theirs alone, and the batch's share of the idle capacity");
+        println!(
+            "| server | users | p99 alone | hindsight best fixed: p99, share | build | untuned: p99 | untuned: share | share / best | p99 kept, share ≥ 0.9 |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        beside_rows.iter().for_each(|row| println!("{row}"));
+    });
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "yes" } else { "**no**" }
+}
