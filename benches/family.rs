@@ -250,6 +250,9 @@ struct Outcome {
     batch: f64,
     /// Users' p99 (s) and output tokens/s, if there were users.
     users: Option<(f64, f64)>,
+    /// Sequences the server preempted over the whole run (simulators only: their work is
+    /// thrown away).
+    preempted: Option<u64>,
 }
 
 /// One run on a fresh `kind` server: users as `users` says, a batch as `batch` says
@@ -280,6 +283,10 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
     };
     let elapsed = started.elapsed().as_secs_f64();
     drop(serve);
+    let preempted = match &server {
+        Server::Sim(sim) => Some(sim.stats().preempted),
+        Server::Engine(_) => None,
+    };
     let users = match users {
         Some(users) => {
             let latencies = users.stop().await;
@@ -290,7 +297,7 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
         }
         None => None,
     };
-    Outcome { batch: (after - before) * f64::from(BATCH_TOKENS) / elapsed, users }
+    Outcome { batch: (after - before) * f64::from(BATCH_TOKENS) / elapsed, users, preempted }
 }
 
 /// Fixed concurrencies to try: powers of two from `from` to `to` (at least 1).
@@ -318,7 +325,7 @@ async fn best_alone(member: &Member) -> (u32, f64) {
     let mut best = (0, 0.0);
     for n in powers(member.places / 4, member.places * 2) {
         let outcome = run(&member.kind, Some((Batch::Fixed(n), &serve::binary())), None, measure).await;
-        eprintln!("  {}: alone, fixed {n}: {:.0} tokens/s", member.name, outcome.batch);
+        eprintln!("  {}: alone, fixed {n}: {:.0} tokens/s{}", member.name, outcome.batch, preempted(&outcome));
         if outcome.batch > best.1 {
             best = (n, outcome.batch);
         }
@@ -414,8 +421,14 @@ fn main() {
             let (best_n, best) = best_alone(member).await;
             for build in &builds {
                 let untuned = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, secs("FAMILY_MEASURE_SECS", 15));
-                let untuned = untuned.await.batch;
-                eprintln!("  {}: alone, untuned ({}): {untuned:.0} tokens/s", member.name, build.name);
+                let outcome = untuned.await;
+                let untuned = outcome.batch;
+                eprintln!(
+                    "  {}: alone, untuned ({}): {untuned:.0} tokens/s{}",
+                    member.name,
+                    build.name,
+                    preempted(&outcome)
+                );
                 alone_rows.push(format!(
                     "| {} | fixed {best_n}: {best:.0} | {} | {untuned:.0} | {:.2} | {} |",
                     member.name,
@@ -458,6 +471,11 @@ fn main() {
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         beside_rows.iter().for_each(|row| println!("{row}"));
     });
+}
+
+/// ", N preempted" where the server says.
+fn preempted(outcome: &Outcome) -> String {
+    outcome.preempted.map_or_else(String::new, |n| format!(", {n} preempted"))
 }
 
 fn verdict(met: bool) -> &'static str {
