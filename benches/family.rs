@@ -35,6 +35,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
 mod engine;
+#[path = "common/input.rs"]
+mod input;
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
 mod interactive;
@@ -205,17 +207,7 @@ impl Serve {
 
     async fn submit(&self, lines: usize) {
         let client = reqwest::Client::new();
-        let input: String = (0..lines)
-            .map(|n| {
-                let body = format!(
-                    r#"{{"model":"m","max_tokens":{BATCH_TOKENS},"messages":[{{"role":"user","content":"Summarise document {n} of the archive in a few sentences, keeping names and dates."}}]}}"#
-                );
-                format!("{{\"custom_id\":\"r{n}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{body}}}\n")
-            })
-            .collect();
-        let form = reqwest::multipart::Form::new()
-            .text("purpose", "batch")
-            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
+        let form = input::upload_form(input::summaries(lines, "m", |_| BATCH_TOKENS));
         let file: serde_json::Value = self
             .auth(client.post(format!("{}/v1/files", self.url)))
             .multipart(form)

@@ -26,6 +26,8 @@
 //! a batch), `BENCH_LOG`
 //! (`serve`'s `RUST_LOG`, default `warn`).
 
+#[path = "common/input.rs"]
+mod input;
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
 mod interactive;
@@ -86,18 +88,9 @@ impl Serve {
     /// Uploads `lines` batch lines and creates their batch; returns its id.
     async fn submit(&self, project: &str, lines: usize) -> String {
         let client = reqwest::Client::new();
-        let input: String = (0..lines)
-            .map(|n| {
-                let max_tokens = 16 + (n * 7919) % 33; // 16 to 48, 32 on average
-                let body = format!(
-                    r#"{{"model":"sim","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"Summarise document {n} of the archive in a few sentences, keeping names and dates."}}]}}"#
-                );
-                format!("{{\"custom_id\":\"r{n}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{body}}}\n")
-            })
-            .collect();
-        let form = reqwest::multipart::Form::new()
-            .text("purpose", "batch")
-            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
+        // 16 to 48 tokens a line, 32 on average.
+        let input = input::summaries(lines, "sim", |n| 16 + ((n * 7919) % 33) as u32);
+        let form = input::upload_form(input);
         let files = self.auth(client.post(format!("{}/v1/files", self.url)), project);
         let file = answer(files.multipart(form)).await;
         let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
