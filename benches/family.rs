@@ -30,7 +30,9 @@
 //! default: all), `FAMILY_USERS` (comma-separated `pattern:percent`, patterns `steady`,
 //! `bursty` (3× for 2 s in every 10), `daynight` (a quarter to 1.75× the rate over 30 s);
 //! default `steady:40`), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
-//! alone, twice that beside users).
+//! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
+//! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
+//! look at untuned beside users).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -409,40 +411,30 @@ fn main() {
         let builds = builds();
         let mut alone_rows = Vec::new();
         let mut beside_rows = Vec::new();
+        let known: Option<f64> = std::env::var("FAMILY_CAPACITY").ok().map(|v| v.parse().expect("FAMILY_CAPACITY: tokens/s"));
         for member in &members {
-            let (best_n, best) = best_alone(member).await;
-            for build in &builds {
-                let untuned = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, secs("FAMILY_MEASURE_SECS", 15));
-                let outcome = untuned.await;
-                let untuned = outcome.batch;
-                eprintln!(
-                    "  {}: alone, untuned ({}): {untuned:.0} tokens/s{}",
-                    member.name,
-                    build.name,
-                    preempted(&outcome)
-                );
-                alone_rows.push(format!(
-                    "| {} | fixed {best_n}: {best:.0} | {} | {untuned:.0} | {:.2} | {} |",
-                    member.name,
-                    build.name,
-                    untuned / best,
-                    verdict(untuned / best >= 0.95)
-                ));
-            }
+            let best = match known {
+                Some(capacity) => capacity,
+                None => alone(member, &builds, &mut alone_rows).await,
+            };
             for (users_name, pattern) in user_patterns(best) {
                 let (alone_p99, _) = run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap();
                 let users = Users { pattern, alone_p99, capacity: best };
-                let (n, fixed) = hindsight(member, users).await;
+                let (hindsight_cell, fixed) = match known {
+                    Some(_) => ("not run".to_owned(), Beside { p99_ratio: P99_BOUND, share: f64::NAN }),
+                    None => {
+                        let (n, fixed) = hindsight(member, users).await;
+                        (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), fixed)
+                    }
+                };
                 // Where no fixed concurrency keeps the bound, the best one's p99 is the bar.
                 let bar = fixed.p99_ratio.max(P99_BOUND);
                 for build in &builds {
                     let untuned = beside(member, Batch::Untuned, &build.binary, users).await;
                     beside_rows.push(format!(
-                        "| {} | {users_name} | {:.0} ms | fixed {n}: {:.2}× at {:.2} | {} | {:.2}× | {:.2} | {:.2} | {} |",
+                        "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {:.2}× | {:.2} | {:.2} | {} |",
                         member.name,
                         alone_p99 * 1000.0,
-                        fixed.p99_ratio,
-                        fixed.share,
                         build.name,
                         untuned.p99_ratio,
                         untuned.share,
@@ -463,6 +455,26 @@ fn main() {
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         beside_rows.iter().for_each(|row| println!("{row}"));
     });
+}
+
+/// A member alone: the best fixed concurrency, and each build's untuned against it, as
+/// rows. Returns the best's batch tokens/s (the server's capacity).
+async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64 {
+    let (best_n, best) = best_alone(member).await;
+    for build in builds {
+        let untuned = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, secs("FAMILY_MEASURE_SECS", 15));
+        let outcome = untuned.await;
+        let untuned = outcome.batch;
+        eprintln!("  {}: alone, untuned ({}): {untuned:.0} tokens/s{}", member.name, build.name, preempted(&outcome));
+        rows.push(format!(
+            "| {} | fixed {best_n}: {best:.0} | {} | {untuned:.0} | {:.2} | {} |",
+            member.name,
+            build.name,
+            untuned / best,
+            verdict(untuned / best >= 0.95)
+        ));
+    }
+    best
 }
 
 /// ", N preempted" where the server says.

@@ -410,3 +410,46 @@ async fn a_batch_beside_users_who_fill_the_server_goes_on_a_line_at_a_time() {
     assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
     assert!(held <= 1.5, "a line at a time: the batch held {held:.2} of 4 places");
 }
+
+/// On a server whose every step slows by as much again with each sequence it runs (a
+/// CPU: 2 ms + 2 ms a sequence), three users and no queue: neither the queue nor the
+/// free places say anything, yet each batch line slows the users' answers by a fifth or
+/// more. The batch's own time per token, fitted against the sequences the server runs,
+/// holds it to the probe's line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_line() {
+    let server = SimConfig {
+        max_batch: 16,
+        step_base: Duration::from_millis(2),
+        step_per_seq: Duration::from_millis(2),
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(server).await;
+    let users = common::interactive::Interactive::closed(&sim.url, 3, 16);
+    let dir = TempDir::new().unwrap();
+    let config = format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {{url: \"{}\", every: 50ms}}\nbatches:\n  reconcile_interval: 100ms\n",
+        sim.url,
+        sim.metrics_url()
+    );
+    let (_serve, client) = start(&dir, &config);
+    let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
+    // The fit needs a few samples that spread: the batch's start gives them.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let before = sim.stats();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = sim.stats();
+    users.stop().await;
+    client.cancel(&id).await;
+    let finished = after.finished.get(&1).copied().unwrap_or(0) - before.finished.get(&1).copied().unwrap_or(0);
+    let steps = (after.steps - before.steps) as f64;
+    let held =
+        (after.decoded.get(&1).copied().unwrap_or(0) - before.decoded.get(&1).copied().unwrap_or(0)) as f64 / steps;
+    eprintln!(
+        "[night shift] beside users on slowing steps: {finished} batch lines in 10 s, {held:.2} sequences a step"
+    );
+    assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
+    // Room for 0.2 × (2 + 2 × 3) / 2 = 0.8 of a line: the probe's one. Without the fit
+    // the batch took 8 and more of the 13 free places.
+    assert!(held <= 1.6, "about a line: the batch held {held:.2} sequences a step");
+}

@@ -3,7 +3,8 @@
 //! limit under it (found here in `serve`; on Kubernetes the grant already is the
 //! controller's share of it), and under that the load signal's caps: the gate's, cut as
 //! soon as requests queue at the server ([`super::gate`]), and, where the server says
-//! what it runs, the room its other traffic leaves ([`super::headroom`]). Each process
+//! what it runs, the room its other traffic leaves ([`super::headroom`]) and the lines
+//! that keep its users' pace within a target ([`super::delay`]). Each process
 //! reads the signal and holds its own lines; a signal gone stale is set aside
 //! ([`super::staleness`]).
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::delay::{self, Delay};
 use super::gate::{Gate, Pressure};
 use super::governor::{Governor, Look};
 use super::headroom::{self, Headroom, Occupancy};
@@ -91,6 +93,9 @@ struct LoadCaps {
     headroom: Headroom,
     /// The headroom's cap as of the last reading (none once a reading fails).
     room: Option<u32>,
+    delay: Delay,
+    /// The delay's cap as of the last reading (none once a reading fails).
+    paced: Option<u32>,
     /// The last reading saw nothing queue (or failed).
     clear: bool,
     staleness: Staleness,
@@ -106,6 +111,8 @@ impl LoadCaps {
             gate: Gate::default(),
             headroom: Headroom::default(),
             room: None,
+            delay: Delay::default(),
+            paced: None,
             clear: true,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
@@ -125,10 +132,10 @@ impl LoadCaps {
         }
     }
 
-    /// The lower of the gate's cap and the headroom's (`None`: neither holds the batch),
-    /// but [`PROBE_LINES`] at least while nothing queues.
+    /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
+    /// the batch), but [`PROBE_LINES`] at least while nothing queues.
     fn cap(&self) -> Option<u32> {
-        let cap = [self.gate.cap(), self.room].into_iter().flatten().min()?;
+        let cap = [self.gate.cap(), self.room, self.paced].into_iter().flatten().min()?;
         Some(if self.clear { cap.max(PROBE_LINES) } else { cap })
     }
 
@@ -165,6 +172,7 @@ impl LoadCaps {
                         // The throughput rule alone, at once: nothing of the signal holds.
                         self.gate = Gate::default();
                         self.room = None;
+                        self.paced = None;
                         self.clear = true;
                         self.held.set(0);
                         return;
@@ -186,9 +194,20 @@ impl LoadCaps {
                 self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
             })
             .map(|cap| headroom::take(cap, rand::random()));
+        self.paced = occupancy.and_then(|(running, waiting)| {
+            let look = delay::Look {
+                timing: upstream.observed.timing(),
+                running,
+                waiting,
+                ours,
+                in_flight,
+                others: !self.headroom.alone(),
+            };
+            self.delay.read(now, look, limit)
+        });
         tracing::debug!(
             upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, room = ?self.room,
-            reserve = self.headroom.reserve(), limit, "load signal read"
+            reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
         );
         self.clear = pressure == Pressure::Clear;
         self.held.set(i64::from(!self.clear));

@@ -78,6 +78,11 @@ impl Headroom {
         self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
     }
 
+    /// No reading saw other traffic over the last [`RESERVE_OVER`].
+    pub fn alone(&self) -> bool {
+        self.alone
+    }
+
     /// Takes a reading in; returns the cap on this process's batch requests in flight
     /// (`None`: the server's places are not known yet). `share` (0 < share ≤ 1) is this
     /// process's part of the free room; the cap is a fraction where it is less than all

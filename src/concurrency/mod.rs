@@ -10,6 +10,8 @@
 //!   when requests queue, grown back while they don't (pure).
 //! - [`headroom`]: the cap that leaves the server's other traffic the places it uses,
 //!   and a reserve for what arrives before the next reading (pure).
+//! - [`delay`]: the cap that keeps the users' time per token within a target of their
+//!   pace alone, on servers whose steps slow with every sequence (pure).
 //! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
 //! - [`control`]: the loop per upstream in a process (`serve`, a worker pod) that sets
 //!   the upstream's [`crate::exec::limiter::Limiter`] target.
@@ -20,6 +22,7 @@
 //! itself, and backs off at once.
 
 pub mod control;
+pub mod delay;
 pub mod gate;
 pub mod governor;
 pub mod headroom;
@@ -72,6 +75,9 @@ pub struct Observed {
     tokens: AtomicU64,
     overloads: AtomicU64,
     at_upstream: AtomicU32,
+    timed_lines: AtomicU64,
+    timed_tokens: AtomicU64,
+    timed_micros: AtomicU64,
 }
 
 /// A request sent and not answered yet, while it lives.
@@ -99,6 +105,23 @@ impl Observed {
     pub fn finished(&self, output_tokens: u64) {
         self.lines.fetch_add(1, Ordering::Relaxed);
         self.tokens.fetch_add(output_tokens, Ordering::Relaxed);
+    }
+
+    /// An answer with `output_tokens` that took `took` at the upstream (its last attempt).
+    pub fn answered(&self, output_tokens: u64, took: std::time::Duration) {
+        if output_tokens > 0 {
+            self.timed_lines.fetch_add(1, Ordering::Relaxed);
+            self.timed_tokens.fetch_add(output_tokens, Ordering::Relaxed);
+            self.timed_micros.fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
+    }
+
+    pub fn timing(&self) -> delay::Timing {
+        delay::Timing {
+            lines: self.timed_lines.load(Ordering::Relaxed),
+            tokens: self.timed_tokens.load(Ordering::Relaxed),
+            micros: self.timed_micros.load(Ordering::Relaxed),
+        }
     }
 
     pub fn overloaded(&self) {

@@ -129,7 +129,13 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
                     }
                 };
                 match judge(status, &bytes) {
-                    Verdict::Success => return success(status, request_id, &bytes),
+                    Verdict::Success => {
+                        let outcome = success(status, request_id, &bytes);
+                        if let LineOutcome::Success { usage, .. } = &outcome {
+                            upstream.observed.answered(usage.output_tokens, started.elapsed());
+                        }
+                        return outcome;
+                    }
                     Verdict::Fail(failure) => return LineOutcome::Failure(failure),
                     Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
                 }

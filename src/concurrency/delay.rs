@@ -1,0 +1,364 @@
+//! The batch's own time per output token, against what the server's users would have
+//! without it: a cap for servers whose every step slows as they run more sequences (a
+//! CPU, llama.cpp's server, a small GPU). There a batch line costs each user's answer
+//! time long before anything queues, and a cap from the queue ([`super::gate`]) or from
+//! the places the server has ([`super::headroom`]) lets the batch fill places it should
+//! leave empty. The batch's lines run in the same steps as the users' and slow as theirs
+//! do: its own time per token is the users' delay, measured at no cost. Pure: the caller
+//! passes the time, its cumulative [`Timing`] and each reading of the server.
+//!
+//! - **Samples.** Every [`SAMPLE`] (and [`SAMPLE_LINES`] lines), the batch's time per
+//!   token over the lines that finished, beside the sequences the server ran on average
+//!   over the readings of that span. A sample in which a reading saw requests wait is
+//!   left out: its time is partly the wait (the gate's business), not steps.
+//! - **The pace of a step** is fitted to the last [`FIT_SAMPLES`] samples by least
+//!   squares: a fixed part, and a part per sequence the server runs. As in LEDBAT
+//!   (RFC 6817) the batch keeps the delay it adds under a target, but its own lines are
+//!   the queue it would wait for to empty, and on a server that is never without the
+//!   batch's lines the least delay seen says nothing of the users' pace alone. The fit
+//!   does: the batch varies its own lines, users come and go, and the slope shows what
+//!   each sequence costs.
+//! - **Beside other traffic** the batch may hold as many sequences as keep the users'
+//!   pace within [`TARGET`] of the fitted pace with theirs alone: (target − 1) × that pace
+//!   over the slope. The cap comes down to it at once and grows towards it a line a
+//!   sample; it goes away once it reaches the throughput rule's limit.
+//! - **Alone** (no other traffic seen lately, [`super::headroom`]), the batch's slower
+//!   steps slow nobody but itself: nothing is held here, and the throughput rule finds the
+//!   pace that pays. Nor is anything held while the samples do not spread over enough
+//!   sequences to fit, while the sequences explain less than [`FIT_EXPLAINS`] of how the
+//!   pace varies, or while the slope is not positive.
+//!
+//! On a server whose steps hardly slow with their sequences (a large GPU: 256 sequences
+//! a step a tenth longer than a few), the room this gives is more than the server's
+//! places, and the other caps govern.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A sample is the lines that finished over at least this long…
+pub const SAMPLE: Duration = Duration::from_millis(500);
+/// … and at least this many of them (a sample of fewer waits, up to [`LONGEST_SAMPLE`]).
+pub const SAMPLE_LINES: u64 = 4;
+pub const LONGEST_SAMPLE: Duration = Duration::from_secs(10);
+/// The users' time per token may reach this times their pace alone, beside the batch.
+pub const TARGET: f64 = 1.2;
+/// The fit is over this many samples, the latest.
+pub const FIT_SAMPLES: usize = 240;
+/// … of which at least this many…
+const FIT_LEAST: usize = 6;
+/// … spread over sequences with at least this variance…
+const FIT_SPREAD: f64 = 0.25;
+/// … which explains at least this share of the pace's (R²): where steps hardly slow
+/// with their sequences, noise is most of what varies.
+const FIT_EXPLAINS: f64 = 0.5;
+
+/// The batch's answered lines so far (cumulative), with their output tokens and the
+/// time they took at the upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub lines: u64,
+    pub tokens: u64,
+    pub micros: u64,
+}
+
+/// One reading of the server, with this process's batch requests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Look {
+    pub timing: Timing,
+    /// Requests the server runs (all traffic)…
+    pub running: f64,
+    /// … and queues.
+    pub waiting: f64,
+    /// This process's requests the server has.
+    pub ours: u32,
+    /// This process's batch requests in flight, which the cap bounds.
+    pub in_flight: u32,
+    /// The server had traffic besides this process's lately.
+    pub others: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Delay {
+    cap: Option<f64>,
+    open: Option<Open>,
+    /// (sequences the server ran, microseconds a token), the latest last.
+    samples: VecDeque<(f64, f64)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Open {
+    started: Instant,
+    at_start: Timing,
+    readings: u32,
+    running: f64,
+    others: f64,
+    /// A reading saw requests wait: the lines' time includes the wait, not only steps.
+    queued: bool,
+}
+
+/// A step's time as `fixed + per_sequence × sequences`, in microseconds a token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    pub fixed: f64,
+    pub per_sequence: f64,
+}
+
+impl Delay {
+    /// The cap on batch requests in flight now (`None`: no cap).
+    pub fn cap(&self) -> Option<u32> {
+        self.cap.map(|cap| cap.floor() as u32)
+    }
+
+    /// Takes a reading in, with the throughput rule's `limit`; returns the cap.
+    pub fn read(&mut self, now: Instant, look: Look, limit: u32) -> Option<u32> {
+        if !look.others {
+            self.cap = None;
+        }
+        let Some((running, others, per_token)) = self.sampled(now, look) else { return self.cap() };
+        self.samples.push_back((running, per_token));
+        if self.samples.len() > FIT_SAMPLES {
+            self.samples.pop_front();
+        }
+        if !look.others {
+            return None;
+        }
+        let Some(pace) = self.pace() else {
+            self.cap = None;
+            return None;
+        };
+        let alone = pace.fixed + pace.per_sequence * others;
+        let room = (TARGET - 1.0) * alone / pace.per_sequence;
+        let target = (f64::from(look.in_flight) + room - f64::from(look.ours)).max(0.0);
+        // Down at once; up a line a sample, while the batch uses its cap.
+        let cap = match self.cap {
+            Some(cap) if target > cap && f64::from(look.in_flight) + 1.0 >= cap => (cap + 1.0).min(target),
+            Some(cap) if target > cap => cap,
+            _ => target,
+        };
+        self.cap = (cap < f64::from(limit)).then_some(cap);
+        self.cap()
+    }
+
+    /// The fitted pace of a step, if the samples spread enough, the sequences explain
+    /// most of how the pace varies, and it slows with them.
+    pub fn pace(&self) -> Option<Pace> {
+        if self.samples.len() < FIT_LEAST {
+            return None;
+        }
+        let n = self.samples.len() as f64;
+        let mean_x = self.samples.iter().map(|(x, _)| x).sum::<f64>() / n;
+        let mean_y = self.samples.iter().map(|(_, y)| y).sum::<f64>() / n;
+        let var_x = self.samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>() / n;
+        if var_x < FIT_SPREAD {
+            return None;
+        }
+        let cov = self.samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
+        let var_y = self.samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
+        let explained = cov * cov / (var_x * var_y);
+        let per_sequence = cov / var_x;
+        // A fixed part under nothing is noise's: a step of no sequences takes no time.
+        let fixed = (mean_y - per_sequence * mean_x).max(0.0);
+        (per_sequence > 0.0 && explained >= FIT_EXPLAINS).then_some(Pace { fixed, per_sequence })
+    }
+
+    /// The open sample's average sequences at the server, other traffic's part of them
+    /// and time per token, when it is complete (and a new one opens).
+    fn sampled(&mut self, now: Instant, look: Look) -> Option<(f64, f64, f64)> {
+        let fresh = Open { started: now, at_start: look.timing, readings: 0, running: 0.0, others: 0.0, queued: false };
+        let open = self.open.get_or_insert(fresh);
+        let (timing, at_start) = (look.timing, open.at_start);
+        if timing.lines < at_start.lines || timing.tokens < at_start.tokens || timing.micros < at_start.micros {
+            self.open = Some(fresh);
+            return None;
+        }
+        open.readings += 1;
+        open.running += look.running;
+        open.others += (look.running - f64::from(look.ours)).max(0.0);
+        open.queued |= look.waiting > 0.0;
+        let lines = timing.lines - at_start.lines;
+        let elapsed = now.saturating_duration_since(open.started);
+        let complete = elapsed >= SAMPLE && (lines >= SAMPLE_LINES || (elapsed >= LONGEST_SAMPLE && lines > 0));
+        if !complete {
+            return None;
+        }
+        let closed = std::mem::replace(open, fresh);
+        let tokens = timing.tokens - at_start.tokens;
+        let readings = f64::from(closed.readings);
+        (tokens > 0 && !closed.queued).then(|| {
+            let per_token = (timing.micros - at_start.micros) as f64 / tokens as f64;
+            (closed.running / readings, closed.others / readings, per_token)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: u32 = 64;
+    const READING: Duration = Duration::from_millis(100);
+
+    /// A server whose step takes `fixed + per_sequence × sequences` ms, running users
+    /// whose number goes round `users`, and a batch that keeps its cap's lines in flight
+    /// (the throughput rule's 64 without one, one at least: the probe), each of 32 tokens.
+    struct Server {
+        fixed: f64,
+        per_sequence: f64,
+        users: Vec<u32>,
+        delay: Delay,
+        now: Instant,
+        timing: Timing,
+        tokens: f64,
+        readings: usize,
+    }
+
+    impl Server {
+        fn new(fixed: f64, per_sequence: f64, users: &[u32]) -> Self {
+            Self {
+                fixed,
+                per_sequence,
+                users: users.to_vec(),
+                delay: Delay::default(),
+                now: Instant::now(),
+                timing: Timing::default(),
+                tokens: 0.0,
+                readings: 0,
+            }
+        }
+
+        fn in_flight(&self) -> u32 {
+            self.delay.cap().unwrap_or(LIMIT).clamp(1, LIMIT)
+        }
+
+        fn step_ms(&self, users: u32, batch: u32) -> f64 {
+            self.fixed + self.per_sequence * f64::from(users + batch)
+        }
+
+        /// One reading's span of it (users change every second); returns the cap after.
+        fn read(&mut self) -> Option<u32> {
+            let users = self.users[self.readings / 10 % self.users.len()];
+            self.readings += 1;
+            let in_flight = self.in_flight();
+            let step_ms = self.step_ms(users, in_flight);
+            let tokens = f64::from(in_flight) * READING.as_secs_f64() * 1000.0 / step_ms;
+            self.tokens += tokens;
+            self.timing.micros += (tokens * step_ms * 1000.0) as u64;
+            self.timing.tokens = self.tokens as u64;
+            self.timing.lines = self.timing.tokens / 32;
+            self.now += READING;
+            let look = Look {
+                timing: self.timing,
+                running: f64::from(users + in_flight),
+                waiting: 0.0,
+                ours: in_flight,
+                in_flight,
+                others: users > 0,
+            };
+            self.delay.read(self.now, look, LIMIT)
+        }
+
+        fn settle(&mut self, seconds: usize) -> Vec<Option<u32>> {
+            (0..seconds * 10).map(|_| self.read()).collect()
+        }
+    }
+
+    #[test]
+    fn beside_users_the_batch_holds_what_keeps_their_pace_within_the_target() {
+        // (fixed, per sequence) ms: a CPU (every sequence a step's worth again), a small
+        // GPU, a large one.
+        for (fixed, per_sequence) in [(2.0, 2.0), (12.0, 0.125), (5.0, 0.04)] {
+            let mut server = Server::new(fixed, per_sequence, &[2, 3, 4, 3]);
+            server.settle(60);
+            let pace = server.delay.pace().expect("a fit");
+            // Samples that straddle a change of users blur the fit a little.
+            assert!((pace.fixed / (fixed * 1000.0) - 1.0).abs() < 0.1, "{pace:?}");
+            assert!((pace.per_sequence / (per_sequence * 1000.0) - 1.0).abs() < 0.02, "{pace:?}");
+            let held = server.in_flight();
+            let room = (TARGET - 1.0) * (fixed + per_sequence * 3.0) / per_sequence;
+            let slowed = server.step_ms(3, held) / server.step_ms(3, 0);
+            assert!(slowed <= TARGET + 1e-9 || held == 1, "{fixed} + {per_sequence}: {held} lines, {slowed}×");
+            assert!(f64::from(held) >= room.floor().min(f64::from(LIMIT)) - 1.0, "{held} lines for a room of {room}");
+        }
+    }
+
+    #[test]
+    fn alone_nothing_is_held_however_slow_the_steps() {
+        let mut server = Server::new(2.0, 2.0, &[0]);
+        assert!(server.settle(60).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn on_steps_that_hardly_slow_the_batch_is_not_held() {
+        // A large server: 20 ms + 10 µs a sequence, 256 of them a step an eighth longer.
+        let mut server = Server::new(20.0, 0.01, &[20, 40, 60, 40]);
+        assert!(server.settle(120).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn without_spread_there_is_no_fit_and_nothing_is_held() {
+        let mut server = Server::new(2.0, 2.0, &[3]);
+        let caps = server.settle(30);
+        assert!(caps.iter().all(Option::is_none), "a steady server says nothing of its slope");
+        assert_eq!(server.delay.pace(), None);
+    }
+
+    /// Samples a second apart of four lines each, at 2 ms + 2 ms a sequence.
+    struct Feed {
+        delay: Delay,
+        now: Instant,
+        timing: Timing,
+    }
+
+    impl Feed {
+        fn sample(&mut self, running: f64, in_flight: u32, limit: u32) -> Option<u32> {
+            let per_token = 2000.0 + 2000.0 * running;
+            self.timing.lines += 4;
+            self.timing.tokens += 128;
+            self.timing.micros += (128.0 * per_token) as u64;
+            self.now += SAMPLE;
+            let look = Look { timing: self.timing, running, waiting: 0.0, ours: in_flight, in_flight, others: true };
+            self.delay.read(self.now, look, limit)
+        }
+    }
+
+    #[test]
+    fn the_cap_comes_down_at_once_and_grows_back_a_line_a_sample_while_used() {
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
+        feed.delay.samples = (0..20).map(|n| (f64::from(n % 5), 2000.0 + 2000.0 * f64::from(n % 5))).collect();
+        let opening =
+            Look { timing: Timing::default(), running: 11.0, waiting: 0.0, ours: 10, in_flight: 10, others: true };
+        feed.delay.read(feed.now, opening, LIMIT);
+        // One user: alone 4 ms a token, room for 0.2 × 4 / 2 = 0.4 of a line.
+        assert_eq!(feed.sample(11.0, 10, LIMIT), Some(0));
+        // Eight users: 18 ms alone, room for 1.8: a line a sample.
+        assert_eq!(feed.sample(9.0, 1, LIMIT), Some(1));
+        assert_eq!(feed.sample(9.0, 1, LIMIT), Some(1));
+        assert!((feed.delay.cap.unwrap() - 1.8).abs() < 1e-9, "{:?}", feed.delay.cap);
+        // Forty users: room for 8.2, but a batch with one line in flight of its 5 does
+        // not grow its cap.
+        feed.delay.cap = Some(5.0);
+        assert_eq!(feed.sample(41.0, 1, LIMIT), Some(5));
+        // Used, it would grow past the limit: no cap.
+        assert_eq!(feed.sample(41.0, 5, 6), None);
+        let pace = feed.delay.pace().unwrap();
+        assert!((pace.fixed - 2000.0).abs() < 1e-6 && (pace.per_sequence - 2000.0).abs() < 1e-6, "{pace:?}");
+    }
+
+    #[test]
+    fn samples_that_saw_a_queue_are_left_out_and_noise_is_not_a_slope() {
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
+        let look = |timing, running, waiting| Look { timing, running, waiting, ours: 1, in_flight: 1, others: true };
+        feed.delay.read(feed.now, look(Timing::default(), 4.0, 0.0), LIMIT);
+        for n in 0..20_u64 {
+            feed.timing.lines += 4;
+            feed.timing.tokens += 128;
+            feed.timing.micros += 128 * 50_000;
+            feed.now += SAMPLE;
+            feed.delay.read(feed.now, look(feed.timing, 4.0 + (n % 4) as f64, 1.0), LIMIT);
+        }
+        assert!(feed.delay.samples.is_empty(), "every sample saw requests wait");
+        // Paces that do not follow the sequences: nothing explains them, nothing is held.
+        feed.delay.samples = (0..40).map(|n| (f64::from(n % 4), 5000.0 + 1000.0 * f64::from((n * 7) % 5))).collect();
+        assert_eq!(feed.delay.pace(), None);
+    }
+}
