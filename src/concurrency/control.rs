@@ -96,6 +96,8 @@ struct LoadCaps {
     delay: Delay,
     /// The delay's cap as of the last reading (none once a reading fails).
     paced: Option<u32>,
+    /// The last reading that said what the server runs.
+    ran_at: Option<std::time::Instant>,
     /// The last reading saw nothing queue (or failed).
     clear: bool,
     staleness: Staleness,
@@ -113,6 +115,7 @@ impl LoadCaps {
             room: None,
             delay: Delay::default(),
             paced: None,
+            ran_at: None,
             clear: true,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
@@ -194,6 +197,19 @@ impl LoadCaps {
                 self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
             })
             .map(|cap| headroom::take(cap, rand::random()));
+        // What the server ran since the reading before, for the lines' own averages
+        // ([`delay`]); a gap of more than a second says nothing of it.
+        match occupancy {
+            Some((running, _)) => {
+                if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
+                    && since <= Duration::from_secs(1)
+                {
+                    upstream.observed.ran(running, since);
+                }
+                self.ran_at = Some(now);
+            }
+            None => self.ran_at = None,
+        }
         self.paced = occupancy.and_then(|(running, waiting)| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),

@@ -9,7 +9,8 @@
 //!
 //! - **Samples.** Every [`SAMPLE`] (and [`SAMPLE_LINES`] lines), the batch's time per
 //!   token over the lines that finished, beside the sequences the server ran on average
-//!   over the readings of that span. A sample in which a reading saw requests wait is
+//!   while those lines ran (each line's own span, not the sample's: a line of a second
+//!   finishing in a sample of half a second ran mostly before it). A sample in which a reading saw requests wait is
 //!   left out: its time is partly the wait (the gate's business), not steps.
 //! - **The pace of a step** is fitted to the last [`FIT_SAMPLES`] samples by least
 //!   squares: a fixed part, and a part per sequence the server runs. As in LEDBAT
@@ -52,13 +53,16 @@ const FIT_SPREAD: f64 = 0.25;
 /// with their sequences, noise is most of what varies.
 const FIT_EXPLAINS: f64 = 0.5;
 
-/// The batch's answered lines so far (cumulative), with their output tokens and the
-/// time they took at the upstream.
+/// The batch's answered lines so far (cumulative), with their output tokens, the time
+/// they took at the upstream and the sequences the server ran meanwhile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timing {
     pub lines: u64,
     pub tokens: u64,
     pub micros: u64,
+    /// Σ tokens × the sequences the server ran on average over their line's time, in
+    /// thousandths.
+    pub load: u64,
 }
 
 /// One reading of the server, with this process's batch requests.
@@ -90,7 +94,6 @@ struct Open {
     started: Instant,
     at_start: Timing,
     readings: u32,
-    running: f64,
     others: f64,
     /// A reading saw requests wait: the lines' time includes the wait, not only steps.
     queued: bool,
@@ -164,15 +167,18 @@ impl Delay {
     /// The open sample's average sequences at the server, other traffic's part of them
     /// and time per token, when it is complete (and a new one opens).
     fn sampled(&mut self, now: Instant, look: Look) -> Option<(f64, f64, f64)> {
-        let fresh = Open { started: now, at_start: look.timing, readings: 0, running: 0.0, others: 0.0, queued: false };
+        let fresh = Open { started: now, at_start: look.timing, readings: 0, others: 0.0, queued: false };
         let open = self.open.get_or_insert(fresh);
         let (timing, at_start) = (look.timing, open.at_start);
-        if timing.lines < at_start.lines || timing.tokens < at_start.tokens || timing.micros < at_start.micros {
+        if timing.lines < at_start.lines
+            || timing.tokens < at_start.tokens
+            || timing.micros < at_start.micros
+            || timing.load < at_start.load
+        {
             self.open = Some(fresh);
             return None;
         }
         open.readings += 1;
-        open.running += look.running;
         open.others += (look.running - f64::from(look.ours)).max(0.0);
         open.queued |= look.waiting > 0.0;
         let lines = timing.lines - at_start.lines;
@@ -186,7 +192,8 @@ impl Delay {
         let readings = f64::from(closed.readings);
         (tokens > 0 && !closed.queued).then(|| {
             let per_token = (timing.micros - at_start.micros) as f64 / tokens as f64;
-            (closed.running / readings, closed.others / readings, per_token)
+            let running = (timing.load - at_start.load) as f64 / 1000.0 / tokens as f64;
+            (running, closed.others / readings, per_token)
         })
     }
 }
@@ -243,6 +250,7 @@ mod tests {
             let tokens = f64::from(in_flight) * READING.as_secs_f64() * 1000.0 / step_ms;
             self.tokens += tokens;
             self.timing.micros += (tokens * step_ms * 1000.0) as u64;
+            self.timing.load += (tokens * f64::from(users + in_flight) * 1000.0) as u64;
             self.timing.tokens = self.tokens as u64;
             self.timing.lines = self.timing.tokens / 32;
             self.now += READING;
@@ -315,6 +323,7 @@ mod tests {
             self.timing.lines += 4;
             self.timing.tokens += 128;
             self.timing.micros += (128.0 * per_token) as u64;
+            self.timing.load += (128.0 * running * 1000.0) as u64;
             self.now += SAMPLE;
             let look = Look { timing: self.timing, running, waiting: 0.0, ours: in_flight, in_flight, others: true };
             self.delay.read(self.now, look, limit)
@@ -353,6 +362,7 @@ mod tests {
             feed.timing.lines += 4;
             feed.timing.tokens += 128;
             feed.timing.micros += 128 * 50_000;
+            feed.timing.load += 128 * 1000 * (4 + n % 4);
             feed.now += SAMPLE;
             feed.delay.read(feed.now, look(feed.timing, 4.0 + (n % 4) as f64, 1.0), LIMIT);
         }

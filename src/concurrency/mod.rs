@@ -78,6 +78,12 @@ pub struct Observed {
     timed_lines: AtomicU64,
     timed_tokens: AtomicU64,
     timed_micros: AtomicU64,
+    /// Σ output tokens × the sequences the server ran on average while their line ran,
+    /// in thousandths.
+    timed_load: AtomicU64,
+    /// The sequences the server ran, integrated over time as the load signal read them
+    /// (sequence-microseconds): a line's average is the difference over its time.
+    load: AtomicU64,
 }
 
 /// A request sent and not answered yet, while it lives.
@@ -107,13 +113,28 @@ impl Observed {
         self.tokens.fetch_add(output_tokens, Ordering::Relaxed);
     }
 
-    /// An answer with `output_tokens` that took `took` at the upstream (its last attempt).
-    pub fn answered(&self, output_tokens: u64, took: std::time::Duration) {
-        if output_tokens > 0 {
-            self.timed_lines.fetch_add(1, Ordering::Relaxed);
-            self.timed_tokens.fetch_add(output_tokens, Ordering::Relaxed);
-            self.timed_micros.fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    /// An answer with `output_tokens` that took `took` at the upstream (its last attempt),
+    /// sent when [`Self::load`] was `load_at_send`.
+    pub fn answered(&self, output_tokens: u64, took: std::time::Duration, load_at_send: u64) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        if output_tokens == 0 || micros == 0 {
+            return;
         }
+        let running = self.load().saturating_sub(load_at_send) as f64 / micros as f64;
+        self.timed_lines.fetch_add(1, Ordering::Relaxed);
+        self.timed_tokens.fetch_add(output_tokens, Ordering::Relaxed);
+        self.timed_micros.fetch_add(micros, Ordering::Relaxed);
+        self.timed_load.fetch_add((output_tokens as f64 * running * 1000.0) as u64, Ordering::Relaxed);
+    }
+
+    /// The sequences the server ran, integrated over time so far.
+    pub fn load(&self) -> u64 {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// The load signal saw the server run `running` sequences over the last `over`.
+    pub fn ran(&self, running: f64, over: std::time::Duration) {
+        self.load.fetch_add((running.max(0.0) * over.as_micros() as f64) as u64, Ordering::Relaxed);
     }
 
     pub fn timing(&self) -> delay::Timing {
@@ -121,6 +142,7 @@ impl Observed {
             lines: self.timed_lines.load(Ordering::Relaxed),
             tokens: self.timed_tokens.load(Ordering::Relaxed),
             micros: self.timed_micros.load(Ordering::Relaxed),
+            load: self.timed_load.load(Ordering::Relaxed),
         }
     }
 

@@ -107,6 +107,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
             METRICS.upstream_retry(&upstream.name);
         }
         let started = std::time::Instant::now();
+        let load_at_send = upstream.observed.load();
         let at_upstream = upstream.observed.sending();
         let sent = request.send().await;
         drop(at_upstream);
@@ -132,7 +133,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
                     Verdict::Success => {
                         let outcome = success(status, request_id, &bytes);
                         if let LineOutcome::Success { usage, .. } = &outcome {
-                            upstream.observed.answered(usage.output_tokens, started.elapsed());
+                            upstream.observed.answered(usage.output_tokens, started.elapsed(), load_at_send);
                         }
                         return outcome;
                     }
