@@ -10,8 +10,9 @@
 //! - **Samples.** Every [`SAMPLE`] (and [`SAMPLE_LINES`] lines), the batch's time per
 //!   token over the lines that finished, beside the sequences the server ran on average
 //!   while those lines ran (each line's own span, not the sample's: a line of a second
-//!   finishing in a sample of half a second ran mostly before it). A sample in which a reading saw requests wait is
-//!   left out: its time is partly the wait (the gate's business), not steps.
+//!   finishing in a sample of half a second ran mostly before it). A sample in which a
+//!   reading saw requests wait is left out: its time is partly the wait (the gate's
+//!   business), not steps.
 //! - **The pace of a step** is fitted to the last [`FIT_SAMPLES`] samples by least
 //!   squares: a fixed part, and a part per sequence the server runs. As in LEDBAT
 //!   (RFC 6817) the batch keeps the delay it adds under a target, but its own lines are
