@@ -385,27 +385,8 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_beside_users_who_fill_the_server_goes_on_a_line_at_a_time() {
     let server = SimConfig { max_batch: 4, step_base: Duration::from_millis(2), ..SimConfig::default() };
-    let sim = Simulator::start(server).await;
-    let users = common::interactive::Interactive::closed(&sim.url, 4, 16);
-    let dir = TempDir::new().unwrap();
-    let config = format!(
-        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {{url: \"{}\", every: 50ms}}\nbatches:\n  reconcile_interval: 100ms\n",
-        sim.url,
-        sim.metrics_url()
-    );
-    let (_serve, client) = start(&dir, &config);
-    let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
     // What the first lines taught it (places, the users' level) settles in a few seconds.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = sim.stats();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let after = sim.stats();
-    users.stop().await;
-    client.cancel(&id).await;
-    let finished = after.finished.get(&1).copied().unwrap_or(0) - before.finished.get(&1).copied().unwrap_or(0);
-    let steps = (after.steps - before.steps) as f64;
-    let held =
-        (after.decoded.get(&1).copied().unwrap_or(0) - before.decoded.get(&1).copied().unwrap_or(0)) as f64 / steps;
+    let (finished, held) = beside_closed_loop_users(server, 4, Duration::from_secs(5)).await;
     eprintln!("[night shift] beside users who fill the server: {finished} batch lines in 10 s, {held:.2} of 4 places");
     assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
     assert!(held <= 1.5, "a line at a time: the batch held {held:.2} of 4 places");
@@ -424,8 +405,23 @@ async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_
         step_per_seq: Duration::from_millis(2),
         ..SimConfig::default()
     };
+    // The fit needs a few samples that spread: the batch's start gives them.
+    let (finished, held) = beside_closed_loop_users(server, 3, Duration::from_secs(8)).await;
+    eprintln!(
+        "[night shift] beside users on slowing steps: {finished} batch lines in 10 s, {held:.2} sequences a step"
+    );
+    assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
+    // Room for 0.2 × (2 + 2 × 3) / 2 = 0.8 of a line: the probe's one. Without the fit
+    // the batch took 8 and more of the 13 free places.
+    assert!(held <= 1.6, "about a line: the batch held {held:.2} sequences a step");
+}
+
+/// A batch (untuned, with the load signal) beside a closed loop of `users` on `server`:
+/// after `settle`, the batch lines it finishes in 10 s and the sequences it holds in an
+/// average step.
+async fn beside_closed_loop_users(server: SimConfig, users: usize, settle: Duration) -> (u64, f64) {
     let sim = Simulator::start(server).await;
-    let users = common::interactive::Interactive::closed(&sim.url, 3, 16);
+    let users = common::interactive::Interactive::closed(&sim.url, users, 16);
     let dir = TempDir::new().unwrap();
     let config = format!(
         "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {{url: \"{}\", every: 50ms}}\nbatches:\n  reconcile_interval: 100ms\n",
@@ -434,8 +430,7 @@ async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_
     );
     let (_serve, client) = start(&dir, &config);
     let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
-    // The fit needs a few samples that spread: the batch's start gives them.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(settle).await;
     let before = sim.stats();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = sim.stats();
@@ -445,11 +440,5 @@ async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_
     let steps = (after.steps - before.steps) as f64;
     let held =
         (after.decoded.get(&1).copied().unwrap_or(0) - before.decoded.get(&1).copied().unwrap_or(0)) as f64 / steps;
-    eprintln!(
-        "[night shift] beside users on slowing steps: {finished} batch lines in 10 s, {held:.2} sequences a step"
-    );
-    assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
-    // Room for 0.2 × (2 + 2 × 3) / 2 = 0.8 of a line: the probe's one. Without the fit
-    // the batch took 8 and more of the 13 free places.
-    assert!(held <= 1.6, "about a line: the batch held {held:.2} sequences a step");
+    (finished, held)
 }
