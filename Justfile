@@ -51,6 +51,11 @@ image TAG="nightshift:0.1.0":
     mkdir -p target/image && strip -o target/image/nightshift target/release/nightshift
     ${CONTAINER:-docker} build --build-arg BINARY=prebuilt -f Dockerfile -t {{TAG}} target/image
 
+# The docs book (docs/) into target/book, and its links checked (.ci/run installs mdbook under ~/.cache/nightshift).
+book:
+    PATH="${NIGHTSHIFT_CACHE:-$HOME/.cache/nightshift}/tools/bin:$PATH" mdbook build docs
+    python3 tests/tools/check-links.py
+
 # Regenerate the chart's values.schema.json and README.md from the comments of its values.yaml.
 chart-docs:
     NIGHTSHIFT_BLESS=1 cargo test --test chart -- the_values_schema_and_the_chart_readme_are_generated

@@ -32,7 +32,7 @@ pub enum Role {
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
-    /// YAML configuration file (see the README for every key).
+    /// YAML configuration file (see docs/src/configuration.md for every key).
     #[arg(long, env = "NIGHTSHIFT_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on; overrides `listen` (use port 0 for any free port).

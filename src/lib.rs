@@ -1,8 +1,8 @@
 //! Nightshift: a self-hosted, OpenAI-compatible Batch and Files API for LLM serving.
 //!
 //! One binary, several roles (`nightshift <role>`); everything lives in this library
-//! so that every role and every test reaches the same code. See the README's
-//! architecture section for how the modules fit together.
+//! so that every role and every test reaches the same code. See the book's
+//! architecture chapter (docs/src/architecture.md) for how the modules fit together.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]

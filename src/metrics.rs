@@ -1,6 +1,6 @@
 //! Prometheus metrics, one registry per process, served on `/metrics` by the api
 //! (and `serve`), by the controller's probe port and by worker pods. Names are
-//! documented in the README and used by the chart's Grafana dashboard.
+//! documented in docs/src/metrics.md and used by the chart's Grafana dashboard.
 //!
 //! Lines and tokens are counted where they are recorded: live by the process that runs
 //! the lines in `serve`; on Kubernetes by the controller, from the checkpoints its

@@ -124,7 +124,7 @@ const README_HEADER: &str =
     "<!-- Generated from values.yaml by tests/chart.rs: edit values.yaml, then run `just chart-docs`. -->
 # The Nightshift Helm chart
 
-Nightshift's api, controller and worker Jobs on Kubernetes. `docs/kubernetes.md` (in the
+Nightshift's api, controller and worker Jobs on Kubernetes. `docs/src/kubernetes.md` (in the
 repository) walks through a whole installation: the image, S3, an upstream, a project, the
 ingress. The CRDs are in `crds/`; Helm installs them on the first install only.
 

@@ -176,7 +176,7 @@ async fn concurrency_per_upstream_is_bounded_and_counts_are_live() {
     assert!(upstream.max_in_flight() <= 3, "{} requests were in flight at once", upstream.max_in_flight());
     assert_eq!(upstream.total_calls(), 60, "each line sent exactly once");
 
-    // The metrics that the README documents, as Prometheus scrapes them.
+    // The metrics that docs/src/metrics.md documents, as Prometheus scrapes them.
     let metrics = reqwest::get(&serve.metrics_url).await.unwrap().text().await.unwrap();
     let on_the_api = reqwest::get(format!("{}/metrics", client.url)).await.unwrap();
     assert_eq!(on_the_api.status(), 404, "metrics name every project: never on the API's address");

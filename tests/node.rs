@@ -6,7 +6,7 @@
 //! mid-shard, the leading controller's pod deleted mid-batch, `helm upgrade` to a rebuilt
 //! image mid-batch, then the night shift (worker pods reading a model server's load
 //! signal while its users keep it busy; then a real engine's, llama.cpp's llama-server),
-//! and removal as docs/kubernetes.md describes it.
+//! and removal as docs/src/kubernetes.md describes it.
 //!
 //! One test, in phases, on one node: a node takes about half a minute to start and the
 //! phases build on one installation, as a user's do. A failing phase prints the node's
@@ -508,7 +508,7 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     }
     eprintln!("[node] llama-server: 40 lines by {} worker pods, each read its signal", pod_ips.len());
 
-    // -- 6. Removal as docs/kubernetes.md says: Batches first (the controller cleans up
+    // -- 6. Removal as docs/src/kubernetes.md says: Batches first (the controller cleans up
     // their Jobs and shard data), then helm uninstall: no pods and no Jobs are left.
     installation.kubectl(&["delete", "batches", "--all", "--timeout=120s"]);
     installation.helm(&["uninstall", RELEASE]);

@@ -1147,7 +1147,7 @@ async fn a_batch_that_does_not_decode_is_reported_and_stalls_nothing() {
     check_results(results.last().unwrap(), 5);
 }
 
-/// Rate limits are per api replica (docs/kubernetes.md): a project that used up its
+/// Rate limits are per api replica (docs/src/kubernetes.md): a project that used up its
 /// requests a minute on one replica is still answered in full by another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projects_rate_limit_holds_per_api_replica() {

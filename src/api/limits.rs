@@ -4,7 +4,7 @@
 //! address (`http.failed_auth_per_minute`), so that guessing keys is slow.
 //!
 //! Limits hold per process: with several api replicas behind a Service, a project may
-//! send up to the limit to each replica (see docs/kubernetes.md).
+//! send up to the limit to each replica (see docs/src/kubernetes.md).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

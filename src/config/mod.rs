@@ -1,8 +1,8 @@
 //! The configuration file read by every role, with its defaults.
 //!
-//! The YAML shape is documented key by key in the README. Command-line flags and
-//! environment variables override it (see `cli.rs`). Everything is parsed into types
-//! here, so nothing deeper re-validates strings.
+//! The YAML shape is documented key by key in docs/src/configuration.md. Command-line
+//! flags and environment variables override it (see `cli.rs`). Everything is parsed into
+//! types here, so nothing deeper re-validates strings.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 {{/*
-The Nightshift configuration file (see the README's configuration table), rendered from values.
+The Nightshift configuration file (see docs/src/configuration.md), rendered from values.
 Its checksum rolls the api and controller pods when it changes.
 */}}
 {{- define "nightshift.config" -}}
