@@ -14,12 +14,13 @@ pub const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// has turned over, whatever the latency), or this long.
 pub const MAX_WINDOW: Duration = Duration::from_secs(30);
 /// While the limit doubles from the start, a window is one round trip instead: the
-/// limit's worth of lines finished, and at least this long. A doubling then costs two
-/// round trips (one settling, one judged), not two seconds: a batch of a few thousand
-/// lines at a slow upstream no longer spends its life climbing. Only where the counts
-/// are this process's own ([`Governor::new`]); counts that arrive late (worker pods'
-/// acknowledgments, [`Governor::with_late_counts`]) keep whole windows from the start,
-/// or a doubling would be judged before its lines were counted.
+/// limit's worth of lines finished, and at least this long. A doubling then costs a
+/// round trip (judged as it runs: [`Rule::new`]), not two seconds: a batch of a few
+/// thousand lines at a slow upstream no longer spends its life climbing. Only where the
+/// counts are this process's own ([`Governor::new`]); counts that arrive late (worker
+/// pods' acknowledgments, [`Governor::with_late_counts`]) keep whole windows and a
+/// settling one after each doubling, or a doubling would be judged before its lines
+/// were counted.
 pub const START_WINDOW: Duration = Duration::from_millis(250);
 /// Overload cuts the limit at most this often (a burst of 429s is one signal).
 const BACKOFF_EVERY: Duration = Duration::from_secs(1);
@@ -69,7 +70,7 @@ impl Governor {
 
     /// A governor over counts that reach it late (reported by other processes).
     pub fn with_late_counts(ceiling: u32) -> Self {
-        Self { start_window: (MIN_WINDOW, 2), ..Self::new(ceiling) }
+        Self { rule: Rule::with_settled_start(ceiling), start_window: (MIN_WINDOW, 2), ..Self::new(ceiling) }
     }
 
     pub fn limit(&self) -> u32 {
@@ -168,15 +169,22 @@ mod tests {
     }
 
     /// An upstream that answers every line in 300 ms whatever the concurrency: the limit
-    /// doubles every two round trips from the start (it took two seconds a doubling).
+    /// doubles every round trip from the start (it took two seconds a doubling, then two
+    /// round trips).
     #[test]
-    fn from_the_start_the_limit_doubles_every_two_round_trips() {
+    fn from_the_start_the_limit_doubles_every_round_trip() {
         let mut server = Server { now: Instant::now(), counts: Counts::default() };
         let mut governor = Governor::new(256);
         let scaling = |n: u32| f64::from(n) / 0.3;
         let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
         let reached = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
-        // With windows of a second and two turnovers it took 9 s.
-        assert!(reached.is_some_and(|tick| tick <= 36), "256 within about 3 s (5 doublings): {limits:?}");
+        // With windows of a second and two turnovers it took 9 s; with a settling round
+        // trip after each doubling, 3 s.
+        assert!(reached.is_some_and(|tick| tick <= 18), "256 within about 1.5 s (5 doublings): {limits:?}");
+        // Counts that arrive late wait a settling window after each doubling.
+        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut governor = Governor::with_late_counts(256);
+        let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
+        assert_eq!(limits[..20].iter().max(), Some(&16), "two windows of a second a doubling: {limits:?}");
     }
 }

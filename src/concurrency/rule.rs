@@ -11,7 +11,10 @@
 //!
 //! - **start**: the limit doubles while each doubling raises throughput by at least
 //!   [`ACCEPT_UP`] of the step (a doubling that gives 30% more is kept), a window being
-//!   one round trip meanwhile (the governor's `START_WINDOW`);
+//!   one round trip meanwhile (the governor's `START_WINDOW`). Where the counts are the
+//!   process's own, a doubling is judged in the round trip it starts, against the
+//!   requests actually in flight (TCP's slow start: twice the limit each round trip), not
+//!   after a settling one;
 //! - **probe up** by a quarter, kept on the same terms;
 //! - **probe down** by a fifth, kept if throughput fell by less than a quarter of the
 //!   step (the requests taken away were only queueing);
@@ -57,6 +60,9 @@ pub struct Window {
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Point {
     limit: u32,
+    /// What the step of a move from this point is measured in: the limit, or where
+    /// windows are judged while still filling one, the requests in flight on average.
+    size: f64,
     tokens_per_sec: f64,
     lines_per_sec: f64,
 }
@@ -94,11 +100,27 @@ pub struct Rule {
     base: Option<Point>,
     /// The next window is still settling after a change.
     settling: bool,
+    /// From the start, a doubling waits a settling window before it is judged.
+    settled_start: bool,
 }
 
 impl Rule {
+    /// A rule over counts up to date at every window: from the start, a window right
+    /// after a doubling is judged at once, by the requests in flight it had.
     pub fn new(ceiling: u32) -> Self {
-        Self { limit: INITIAL.min(ceiling).max(1), phase: Phase::Start, base: None, settling: false }
+        Self {
+            limit: INITIAL.min(ceiling).max(1),
+            phase: Phase::Start,
+            base: None,
+            settling: false,
+            settled_start: false,
+        }
+    }
+
+    /// A rule over counts that arrive late: a doubling is judged only after a window
+    /// has settled, or it would be judged before its lines were counted.
+    pub fn with_settled_start(ceiling: u32) -> Self {
+        Self { settled_start: true, ..Self::new(ceiling) }
     }
 
     pub fn limit(&self) -> u32 {
@@ -129,8 +151,10 @@ impl Rule {
             }
             return self.limit;
         }
+        let at_once = self.phase == Phase::Start && !self.settled_start;
         let here = Point {
             limit: self.limit,
+            size: if at_once { window.in_flight } else { f64::from(self.limit) },
             tokens_per_sec: window.tokens as f64 / window.seconds,
             lines_per_sec: window.lines as f64 / window.seconds,
         };
@@ -181,7 +205,7 @@ impl Rule {
     }
 
     fn set(&mut self, limit: u32, phase: Phase, base: Option<Point>) -> u32 {
-        self.settling = limit != self.limit;
+        self.settling = limit != self.limit && (phase != Phase::Start || self.settled_start);
         self.limit = limit.max(1);
         self.phase = phase;
         self.base = base;
@@ -199,11 +223,11 @@ fn scaled(limit: u32, factor: f64) -> u32 {
 }
 
 /// How throughput answered the move from `base` to `here`: its relative change over
-/// the limit's relative change (1: in proportion, 0: not at all; a probe down that lost
-/// nothing gives 0).
+/// the relative change of their sizes (1: in proportion, 0: not at all; a probe down
+/// that lost nothing gives 0).
 fn gain(base: &Point, here: &Point) -> f64 {
     let (before, after) = base.rates(here);
-    let step = (f64::from(here.limit) - f64::from(base.limit)) / f64::from(base.limit);
+    let step = if base.size > 0.0 { (here.size - base.size) / base.size } else { 0.0 };
     if before <= 0.0 || step == 0.0 {
         return if after > before { 1.0 } else { 0.0 };
     }
@@ -244,12 +268,33 @@ mod tests {
     fn it_doubles_from_the_start_then_settles_at_the_servers_batch_size() {
         let mut rule = Rule::new(1024);
         let limits = drive(&mut rule, 1024, 60, batching(32, 0.008));
-        assert_eq!(&limits[..6], &[8, 16, 16, 32, 32, 64], "each doubling is judged after a settling window");
+        assert_eq!(&limits[..4], &[8, 16, 32, 64], "each doubling is judged in its own window");
         let settled = &limits[20..];
         let at_knee = settled.iter().filter(|l| (26..=40).contains(*l)).count();
         assert_eq!(at_knee, settled.len(), "probes stay within a step of the batch size: {settled:?}");
         let mean = settled.iter().map(|l| f64::from(*l)).sum::<f64>() / settled.len() as f64;
         assert!((30.0..=35.0).contains(&mean), "mostly at 32: mean {mean}: {settled:?}");
+    }
+
+    #[test]
+    fn with_late_counts_each_doubling_waits_a_settling_window() {
+        let mut rule = Rule::with_settled_start(1024);
+        let limits = drive(&mut rule, 1024, 6, batching(32, 0.008));
+        assert_eq!(limits, [8, 16, 16, 32, 32, 64]);
+    }
+
+    #[test]
+    fn from_the_start_a_doubling_is_judged_by_the_requests_it_had_in_flight() {
+        // The window after a doubling to 32 averaged 28 in flight (the limit filled as
+        // lines came): 75% more than the 16 before for 75% more throughput is in
+        // proportion, and doubling goes on.
+        let mut rule = Rule::new(1024);
+        assert_eq!(rule.observe(window(800.0, 8.0), 1024), 16);
+        assert_eq!(rule.observe(window(1600.0, 16.0), 1024), 32);
+        assert_eq!(rule.observe(window(2800.0, 28.0), 1024), 64);
+        // Twice the requests in flight for the same throughput: the start ends, and
+        // the limit probes down from the last good one.
+        assert_eq!(rule.observe(window(2800.0, 60.0), 1024), 26);
     }
 
     #[test]
@@ -286,7 +331,7 @@ mod tests {
 
     #[test]
     fn windows_that_do_not_fill_the_limit_or_are_settling_teach_nothing() {
-        let mut rule = Rule::new(1024);
+        let mut rule = Rule::with_settled_start(1024);
         assert_eq!(rule.observe(window(8000.0, 8.0), 1024), 16);
         assert_eq!(rule.observe(window(1.0, 16.0), 1024), 16, "the first window after a change is not judged");
         // Only 5 lines to send: throughput says nothing about the server.
@@ -298,7 +343,8 @@ mod tests {
 
     #[test]
     fn gain_is_relative_throughput_over_relative_limit() {
-        let at = |limit, rate| Point { limit, tokens_per_sec: rate, lines_per_sec: rate / 10.0 };
+        let at =
+            |limit, rate| Point { limit, size: f64::from(limit), tokens_per_sec: rate, lines_per_sec: rate / 10.0 };
         let cases = [
             (at(10, 100.0), at(20, 200.0), 1.0),
             (at(10, 100.0), at(20, 100.0), 0.0),
@@ -311,7 +357,7 @@ mod tests {
             assert!((gain(&base, &here) - expected).abs() < 1e-9, "{base:?} → {here:?}");
         }
         // Without tokens, lines count.
-        let lines = |limit, rate| Point { limit, tokens_per_sec: 0.0, lines_per_sec: rate };
+        let lines = |limit, rate| Point { limit, size: f64::from(limit), tokens_per_sec: 0.0, lines_per_sec: rate };
         assert!((gain(&lines(10, 5.0), &lines(20, 10.0)) - 1.0).abs() < 1e-9);
     }
 }
