@@ -7,10 +7,9 @@
 
 use std::collections::HashMap;
 
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::ProjectConfig;
+use crate::config::{ProjectConfig, key_digest};
 use crate::ids::ProjectId;
 
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -37,10 +36,6 @@ pub struct Project {
 struct StoredKey {
     digest: [u8; 32],
     active: bool,
-}
-
-pub fn sha256(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -102,19 +97,7 @@ impl Projects {
                 let keys = project
                     .api_keys
                     .iter()
-                    .map(|key| StoredKey {
-                        digest: match (&key.plain, &key.sha256) {
-                            (Some(plain), _) => sha256(plain),
-                            (None, Some(hex_digest)) => {
-                                let mut digest = [0u8; 32];
-                                // Config::check guarantees 64 hex digits.
-                                hex::decode_to_slice(hex_digest, &mut digest).unwrap_or_default();
-                                digest
-                            }
-                            (None, None) => [0u8; 32],
-                        },
-                        active: key.active,
-                    })
+                    .filter_map(|key| Some(StoredKey { digest: key.digest()?, active: key.active }))
                     .collect();
                 let entry = Project {
                     id: project.id.clone(),
@@ -182,7 +165,7 @@ impl Projects {
     /// A bearer key names its project; an `OpenAI-Project` header, if sent, must name the
     /// same one.
     fn authenticate_bearer(&self, key: &str, project_header: Option<&str>) -> Result<&Project, AuthError> {
-        let owner = self.by_key.get(&sha256(key)).cloned().flatten().ok_or(AuthError::UnknownBearerKey)?;
+        let owner = self.by_key.get(&key_digest(key)).cloned().flatten().ok_or(AuthError::UnknownBearerKey)?;
         if project_header.is_some_and(|named| ProjectId::parse(named.trim()).as_ref() != Some(&owner)) {
             return Err(AuthError::ProjectMismatch);
         }
@@ -197,7 +180,7 @@ impl Projects {
         else {
             return Err(AuthError::MissingHeaders);
         };
-        let presented = sha256(key);
+        let presented = key_digest(key);
         let project =
             ProjectId::parse(project).and_then(|id| self.by_id.get(&id)).ok_or(AuthError::InvalidCredentials)?;
         // Look at every key, so timing does not tell how many were tried.
@@ -250,7 +233,7 @@ mod tests {
                 name: None,
                 api_keys: vec![
                     key(Some("plain-key"), None, true),
-                    key(None, Some(hex::encode(sha256("hashed-key"))), true),
+                    key(None, Some(hex::encode(key_digest("hashed-key"))), true),
                     key(Some("retired-key"), None, false),
                 ],
                 quota: None,

@@ -460,7 +460,7 @@ fn the_rendered_options_keep_the_charts_promises() {
         ])
     );
     let secret = find(&docs, "Secret", "nightshift-project-research");
-    assert_eq!(secret["stringData"]["sha256-0"], hex::encode(nightshift::auth::sha256(common::KEY)));
+    assert_eq!(secret["stringData"]["sha256-0"], hex::encode(nightshift::config::key_digest(common::KEY)));
     let billing = find(&docs, "Project", "billing");
     assert_eq!(billing["spec"]["api_keys"], json!([{"secret_name": "billing-key", "key": "sha256", "active": true}]));
 
@@ -655,7 +655,7 @@ fn cluster_values(s3: &TestS3) -> Value {
             "apiKeySecret": {"name": "upstream-key", "key": "api-key"},
         }],
         "projects": [
-            {"name": "demo", "id": common::PROJECT, "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(common::KEY))}]},
+            {"name": "demo", "id": common::PROJECT, "apiKeys": [{"sha256": hex::encode(nightshift::config::key_digest(common::KEY))}]},
             {"name": "other", "id": common::OTHER_PROJECT, "apiKeys": [{"existingSecret": "other-key"}]},
         ],
         "config": {"batches": {"shard_lines": 2, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
@@ -719,7 +719,8 @@ async fn the_chart_runs_a_batch_on_kubernetes_1_20_with_its_own_service_accounts
     )
     .await;
     create_secret(&cluster, "upstream-key", &[("api-key", "sk-upstream".to_owned())]).await;
-    create_secret(&cluster, "other-key", &[("sha256", hex::encode(nightshift::auth::sha256(common::OTHER_KEY)))]).await;
+    create_secret(&cluster, "other-key", &[("sha256", hex::encode(nightshift::config::key_digest(common::OTHER_KEY)))])
+        .await;
 
     // helm template → kubectl apply, CRDs from the chart's crds/ first.
     let values = dir.path().join("values.yaml");
@@ -912,7 +913,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_and_leaves_the_crds() {
         &values,
         serde_json::to_string(&json!({
             "projects": [{"name": "demo", "id": common::PROJECT,
-                          "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(common::KEY))}]}],
+                          "apiKeys": [{"sha256": hex::encode(nightshift::config::key_digest(common::KEY))}]}],
         }))
         .unwrap(),
     )

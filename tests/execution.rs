@@ -471,7 +471,7 @@ async fn of_two_runs_on_one_shard_the_superseded_one_stops_and_its_later_commits
     let store = s3.store();
     let batch_id = nightshift::ids::BatchId::parse(&id).unwrap();
     let claims =
-        nightshift::storage::ObjectStore::list(store.as_ref(), &nightshift::exec::owner::claims_prefix(&batch_id, 0))
+        nightshift::storage::ObjectStore::list(store.as_ref(), &nightshift::exec::layout::claims_prefix(&batch_id, 0))
             .await
             .unwrap();
     assert!(claims.len() >= 3, "serve, the worker, serve again: {claims:?}");

@@ -112,7 +112,7 @@ impl Installation {
                            "max_concurrency": 64,
                            "load_signal": {"server": "llamacpp", "url": engine_signal.url}}],
             "projects": [{"name": "demo", "id": PROJECT,
-                          "apiKeys": [{"sha256": hex::encode(nightshift::auth::sha256(KEY))}]}],
+                          "apiKeys": [{"sha256": hex::encode(nightshift::config::key_digest(KEY))}]}],
             "config": {"batches": {"shard_lines": SHARD_LINES, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
             "controller": {"replicas": 2, "leaseSeconds": 5},
         });

@@ -425,7 +425,7 @@ impl Operator {
 async fn create_project(client: &kube::Client, name: &str, id: &str, key: &str) {
     let secret = Secret {
         metadata: ObjectMeta { name: Some(format!("{name}-key")), ..ObjectMeta::default() },
-        string_data: Some([("sha256".to_owned(), hex::encode(nightshift::auth::sha256(key)))].into()),
+        string_data: Some([("sha256".to_owned(), hex::encode(nightshift::config::key_digest(key)))].into()),
         ..Secret::default()
     };
     Api::<Secret>::namespaced(client.clone(), NS).create(&PostParams::default(), &secret).await.unwrap();
@@ -627,7 +627,7 @@ async fn of_two_pods_on_one_shard_the_superseded_one_stops_and_its_later_commits
     check_results(&finished, 40);
     let batch = nightshift::ids::BatchId::parse(finished["id"].as_str().unwrap()).unwrap();
     let store = operator.s3.store();
-    let claims = store.list(&nightshift::exec::owner::claims_prefix(&batch, 0)).await.unwrap();
+    let claims = store.list(&nightshift::exec::layout::claims_prefix(&batch, 0)).await.unwrap();
     assert!(claims.len() >= 2, "the Job's pod and the second one claimed the shard: {claims:?}");
     common::committed::assert_counted_once(store.as_ref(), &batch, 0, 40).await;
 }

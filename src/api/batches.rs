@@ -14,8 +14,9 @@ use super::extract::{self, CurrentProject, Path, Query};
 use super::idempotent::{self, Begin};
 use super::list::ListPage;
 use crate::batches::create::CreateError;
-use crate::batches::{BatchObject, CreateBatch, UpdateError, cancel, create_batch};
+use crate::batches::{BatchObject, CreateBatch, UpdateError, cancel};
 use crate::clock;
+use crate::drive::create::create_batch;
 use crate::idempotency::{canonical_json, fingerprint};
 use crate::ids::BatchId;
 

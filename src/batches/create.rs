@@ -1,18 +1,15 @@
-//! `POST /v1/batches`: the request checks, the input lookup, one streaming validation
-//! pass, and the batch persisted either way (`in_progress`, or `failed` with errors).
+//! `POST /v1/batches`: the request checks, and the settings a batch is created under
+//! (the input lookup, its validation and the batch persisted: `crate::drive::create`).
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
-use super::model::{Batch, BatchError, BatchSpec, BatchState, Status};
-use super::store::{BatchStore, StoreError};
-use crate::clock;
-use crate::files::{ExpiresAfter, ExpiryError, FileCatalog, Purpose, expiry};
-use crate::ids::{BatchId, ProjectId};
+use super::model::Batch;
+use super::store::StoreError;
+use crate::files::{ExpiresAfter, ExpiryError, expiry};
 use crate::storage::StorageError;
-use crate::validate::{self, Endpoints, InvalidInput, Validator};
+use crate::validate::{Endpoints, InvalidInput};
 
 /// The only completion window the API accepts and reports.
 pub const COMPLETION_WINDOW: &str = "24h";
@@ -26,17 +23,6 @@ pub struct BatchSettings {
     pub shard_lines: u32,
     /// The endpoints batches may target (`batches.endpoints`).
     pub endpoints: Endpoints,
-}
-
-impl BatchSettings {
-    pub fn from_config(config: &crate::config::BatchesConfig) -> Self {
-        Self {
-            completion_window: config.completion_window,
-            shard_lines: config.shard_lines,
-            // Config::check has refused any other name.
-            endpoints: Endpoints::from_urls(&config.endpoints).unwrap_or_default(),
-        }
-    }
 }
 
 /// A create request whose fields passed the request checks.
@@ -128,85 +114,6 @@ impl CreateBatch {
 }
 
 /// Looks up and validates the input, then persists the batch under `id` (chosen by the
-/// caller, so that an idempotency key can name it before it exists).
-pub async fn create_batch(
-    files: &FileCatalog,
-    store: &dyn BatchStore,
-    settings: BatchSettings,
-    project: &ProjectId,
-    id: BatchId,
-    request: CreateBatch,
-) -> Result<Batch, CreateError> {
-    let input = files
-        .find(project, &request.input_file_id)
-        .await?
-        .ok_or_else(|| CreateError::InputNotFound(request.input_file_id.clone()))?;
-    if input.purpose != Purpose::Batch {
-        return Err(CreateError::InputPurpose(request.input_file_id));
-    }
-    let created_at = clock::now();
-    let mut spec = BatchSpec {
-        id,
-        project_id: project.clone(),
-        input_file_id: input.id.clone(),
-        endpoint: request.endpoint,
-        completion_window: COMPLETION_WINDOW.to_owned(),
-        metadata: request.metadata,
-        created_at,
-        expires_at: created_at + settings.completion_window.as_secs() as i64,
-        model: None,
-        output_expires_after: request.output_expires_after.map(|after| after.seconds),
-        plan: Default::default(),
-    };
-
-    let verdict = if input.bytes > validate::MAX_FILE_BYTES {
-        Err(validate::file_too_large())
-    } else {
-        let mut content = match files.open(&input).await {
-            Ok(content) => content,
-            Err(StorageError::NotFound(_)) => {
-                return Err(CreateError::InputMissing(request.input_file_id));
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let mut validator = Validator::with_endpoints(&spec.endpoint, settings.shard_lines, settings.endpoints);
-        let mut fed = Ok(());
-        while let Some(chunk) = content.next().await {
-            fed = validator.feed(&chunk?);
-            if fed.is_err() {
-                break;
-            }
-        }
-        fed.and_then(|()| validator.finish())
-    };
-
-    let now = clock::now();
-    match verdict {
-        Ok(valid) => {
-            spec.plan = valid.shards;
-            spec.model = valid.model;
-            let batch = Batch { spec, state: BatchState::in_progress(now, valid.requests) };
-            store.insert(&batch).await?;
-            tracing::info!(batch = %batch.spec.id, requests = valid.requests, shards = batch.spec.plan.shards.len(), "batch created");
-            Ok(batch)
-        }
-        Err(error) => {
-            let recorded = BatchError {
-                code: "invalid_request_error".into(),
-                message: error.message.clone(),
-                line: error.line,
-                param: error.param.map(str::to_owned),
-            };
-            let batch = Batch { spec, state: BatchState::failed(now, vec![recorded]) };
-            let (project, id) = (&batch.spec.project_id, &batch.spec.id);
-            crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, now).await?;
-            store.insert(&batch).await?;
-            tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
-            Err(CreateError::Invalid { error, batch: Box::new(batch) })
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -8,12 +8,15 @@ mod lifecycle;
 mod model;
 mod object;
 mod retention;
+mod schema;
 mod store;
 
-pub use create::{BatchSettings, CreateBatch, create_batch};
+pub use create::{BatchSettings, CreateBatch};
 pub use embedded::EmbeddedBatchStore;
 pub use lifecycle::{Refusal, cancel};
-pub use model::{Batch, BatchError, BatchSpec, BatchState, Ending, RequestCounts, ReservedFiles, Status, Usage};
+pub use model::{
+    Batch, BatchError, BatchSpec, BatchState, Condition, Ending, RequestCounts, ReservedFiles, Status, Usage,
+};
 pub use object::BatchObject;
 pub use retention::run_retention_loop;
 pub use store::{BatchPage, BatchStore, StateChange, StoreError, UpdateError};

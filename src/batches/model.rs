@@ -50,7 +50,7 @@ pub struct BatchSpec {
     pub input_file_id: FileId,
     pub endpoint: String,
     pub completion_window: String,
-    #[schemars(schema_with = "crate::k8s::schema::any_object")]
+    #[schemars(schema_with = "super::schema::any_object")]
     pub metadata: Map<String, Value>,
     pub created_at: UnixSeconds,
     pub expires_at: UnixSeconds,
@@ -141,7 +141,7 @@ pub struct BatchState {
     /// Set once the batch ran out of time, before its lines are drained: the
     /// ending that finalize will give it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::k8s::schema::optional_ending")]
+    #[schemars(schema_with = "super::schema::optional_ending")]
     pub ending: Option<Ending>,
     /// Ids chosen for the output and error files before finalize writes them, so a
     /// finalize that is interrupted and run again rewrites the same files.
@@ -153,11 +153,11 @@ pub struct BatchState {
         skip_serializing_if = "std::collections::BTreeMap::is_empty",
         deserialize_with = "counts_by_shard"
     )]
-    #[schemars(schema_with = "crate::k8s::schema::counts_by_shard")]
+    #[schemars(schema_with = "super::schema::counts_by_shard")]
     pub shard_failures: std::collections::BTreeMap<u32, u32>,
     /// On Kubernetes, `Complete` and `Failed` for `kubectl wait` (written with each status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<crate::k8s::conditions::Condition>,
+    pub conditions: Vec<Condition>,
     /// On Kubernetes, the share of lines with a record (`kubectl get batches`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub progress: String,
@@ -252,4 +252,22 @@ impl BatchState {
 pub struct Batch {
     pub spec: BatchSpec,
     pub state: BatchState,
+}
+
+/// One condition, in Kubernetes' shape (`metav1.Condition`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    pub reason: String,
+    /// Omitted when empty (the test API server reads an empty string here as null).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// RFC 3339, when `status` last changed.
+    pub last_transition_time: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }

@@ -13,8 +13,9 @@
 //! - [`delay`]: the cap that keeps the users' time per token within a target of their
 //!   pace alone, on servers whose steps slow with every sequence (pure).
 //! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
-//! - [`control`]: the loop per upstream in a process (`serve`, a worker pod) that sets
-//!   the upstream's [`crate::exec::limiter::Limiter`] target.
+//! - [`control`]: what the loop per upstream in a process (`serve`, a worker pod) shares
+//!   with the rest of it; the loop itself, which reads the signal and sets the
+//!   upstream's [`crate::exec::limiter::Limiter`] target, is `crate::exec::permits`.
 //!
 //! In `serve` the governor runs in the process. On Kubernetes the controller runs it
 //! over what every worker pod reports in its acknowledgment (`crate::grants`), and

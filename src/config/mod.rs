@@ -261,6 +261,39 @@ pub struct ApiKeyConfig {
     pub active: bool,
 }
 
+impl BatchesConfig {
+    /// What `POST /v1/batches` creates batches with.
+    pub fn batch_settings(&self) -> crate::batches::BatchSettings {
+        crate::batches::BatchSettings {
+            completion_window: self.completion_window,
+            shard_lines: self.shard_lines,
+            // Config::check has refused any other name.
+            endpoints: crate::validate::Endpoints::from_urls(&self.endpoints).unwrap_or_default(),
+        }
+    }
+}
+
+impl ApiKeyConfig {
+    /// The key's SHA-256, from either form; `None` for an entry that is neither (which
+    /// `Config::check` refuses; a Project resource's bad key is left out).
+    pub fn digest(&self) -> Option<[u8; 32]> {
+        match (&self.plain, &self.sha256) {
+            (Some(plain), None) if !plain.is_empty() => Some(key_digest(plain)),
+            (None, Some(hash)) => {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hash, &mut digest).ok().map(|()| digest)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The SHA-256 of an API key, as keys are kept and compared.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
 fn yes() -> bool {
     true
 }
@@ -484,14 +517,10 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         // A key names its project (`Authorization: Bearer`), so no two projects share one.
-        let mut owners: std::collections::HashMap<String, &ProjectId> = std::collections::HashMap::new();
+        let mut owners: std::collections::HashMap<[u8; 32], &ProjectId> = std::collections::HashMap::new();
         for project in &self.projects {
             for key in &project.api_keys {
-                let digest = match (&key.plain, &key.sha256) {
-                    (Some(plain), _) => hex::encode(crate::auth::sha256(plain)),
-                    (None, Some(hash)) => hash.to_ascii_lowercase(),
-                    (None, None) => continue,
-                };
+                let Some(digest) = key.digest() else { continue };
                 if let Some(owner) = owners.insert(digest, &project.id).filter(|owner| **owner != project.id) {
                     return invalid(format!(
                         "projects {owner} and {} share an api key: each key belongs to one project",

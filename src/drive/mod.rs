@@ -10,6 +10,7 @@
 //! workers as tasks and saves to its embedded store (`crate::runner`); the controller
 //! runs them as Jobs and saves to the Batch's status (`crate::k8s::controller`).
 
+pub mod create;
 pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};

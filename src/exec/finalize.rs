@@ -8,7 +8,8 @@ use std::ops::Range;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
 
-use super::checkpoint::{Checkpoint, ChunkKind, ShardLedger, chunk_location};
+use super::checkpoint::ShardLedger;
+use super::layout::{Checkpoint, ChunkKind, chunk_location};
 use super::{ExecContext, ExecError};
 use crate::batches::{BatchSpec, RequestCounts, ReservedFiles};
 use crate::files::{ExpiresAfter, FileRecord, NewFile, Purpose, Upload};

@@ -10,16 +10,7 @@
 
 use std::sync::Arc;
 
-use super::checkpoint::{Checkpoint, shard_prefix};
-use crate::ids::BatchId;
-use crate::storage::Key;
-
-pub const JOURNAL_PREFIX: &str = "journal-";
-
-pub fn journal_key(batch: &BatchId, shard: u32, writer: &str) -> Key {
-    Key::parse(&format!("{}{JOURNAL_PREFIX}{writer}.jsonl", shard_prefix(batch, shard)))
-        .expect("journal keys are valid")
-}
+use super::layout::Checkpoint;
 
 /// A frame: `checkpoint`'s header line, then `out` and `err` as they are.
 pub fn encode(checkpoint: &Checkpoint, out: &[u8], err: &[u8]) -> Vec<u8> {

@@ -21,8 +21,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{Checkpoint, shard_prefix};
-use crate::ids::BatchId;
+use super::layout::Checkpoint;
 use crate::storage::Key;
 
 /// A run's claim on a shard.
@@ -67,14 +66,6 @@ impl ClaimName {
     }
 }
 
-pub fn claims_prefix(batch: &BatchId, shard: u32) -> String {
-    format!("{}owners/", shard_prefix(batch, shard))
-}
-
-pub fn claim_key(batch: &BatchId, shard: u32, epoch: u32, writer: &str) -> Key {
-    Key::parse(&format!("{}{epoch:08}-{writer}.json", claims_prefix(batch, shard))).expect("claim keys are valid")
-}
-
 /// The newest of the claims under a shard's prefix.
 pub fn newest(keys: &[Key]) -> Option<(ClaimName, &Key)> {
     keys.iter().filter_map(|key| ClaimName::parse(key).map(|name| (name, key))).max_by(|a, b| a.0.cmp(&b.0))
@@ -83,6 +74,8 @@ pub fn newest(keys: &[Key]) -> Option<(ClaimName, &Key)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::layout::claim_key;
+    use crate::ids::BatchId;
 
     fn checkpoint(writer: &str, seq: u32) -> Arc<Checkpoint> {
         Arc::new(Checkpoint { seq, writer: writer.into(), ..Checkpoint::default() })

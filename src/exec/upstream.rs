@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use super::backoff::Backoff;
 use super::limiter::Limiter;
 use crate::concurrency::Observed;
-use crate::concurrency::control::{Control, Mode, control};
+use crate::concurrency::control::Control;
 use crate::concurrency::signals::LoadSignalConfig;
 use crate::config::UpstreamConfig;
 use crate::validate::BATCHABLE_URLS;
@@ -139,11 +139,6 @@ impl Upstreams {
             None if self.upstreams.is_empty() || model == ECHO_MODEL => Route::Echo,
             None => Route::Unserved,
         }
-    }
-
-    /// Runs every upstream's control loop (`crate::concurrency::control`), forever.
-    pub async fn control(&self, client: &reqwest::Client, mode: Mode) {
-        futures_util::future::join_all(self.upstreams.iter().map(|upstream| control(upstream, client, mode))).await;
     }
 
     pub fn echo_permits() -> Arc<Semaphore> {

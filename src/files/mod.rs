@@ -1,13 +1,12 @@
-//! Files: the records and bytes behind `/v1/files`, and their garbage collection.
+//! Files: the records and bytes behind `/v1/files` (their garbage collection, with the
+//! uploads' and idempotency keys': `crate::roles::gc`).
 
 mod catalog;
 pub mod expiry;
-mod gc;
 mod record;
 
 pub use catalog::{FileCatalog, FileListQuery, FilePage, NewFile, Order, Upload};
 pub use expiry::{ExpiresAfter, ExpiryError};
-pub use gc::run_gc_loop;
 pub use record::{FileObject, FileRecord, Purpose};
 
 /// The largest upload (the spec's 100 MB).

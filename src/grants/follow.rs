@@ -36,7 +36,7 @@ impl Run<'_> {
             match read_grant(store, self.worker).await {
                 Ok(grant) => {
                     let grant = grant.unwrap_or_default();
-                    // The upstreams' control loops apply it (`crate::concurrency::control`).
+                    // The upstreams' control loops apply it (`crate::exec::permits`).
                     for upstream in upstreams.iter() {
                         let granted = grant.upstreams.get(&upstream.name).copied().unwrap_or(0);
                         upstream.control.grant.store(granted, Ordering::Relaxed);

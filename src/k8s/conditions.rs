@@ -3,29 +3,8 @@
 //! so that `kubectl wait --for=condition=Complete batch/NAME` works. Pure: derived from the
 //! state each time a status is written.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
-use crate::batches::{BatchState, Status};
+use crate::batches::{BatchState, Condition, Status};
 use crate::clock::UnixSeconds;
-
-/// One condition, in Kubernetes' shape (`metav1.Condition`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True` or `False`.
-    pub status: String,
-    pub reason: String,
-    /// Omitted when empty (the test API server reads an empty string here as null).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub message: String,
-    /// RFC 3339, when `status` last changed.
-    pub last_transition_time: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
 
 /// The conditions of `state`, keeping each one's transition time from `previous` while its
 /// status stays the same.

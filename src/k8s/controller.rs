@@ -4,7 +4,7 @@
 //! guarded by the resourceVersion it was decided from, so a cancel written by the API
 //! in between is never overwritten.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizing, finalizer};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -24,22 +24,19 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
 use super::admission::share;
-use super::crd::{BATCH_LABEL, BatchResource, ProjectResource};
-use super::grants::is_running_worker;
+use super::context::{Context, FIELD_MANAGER};
+use super::crd::{BATCH_LABEL, BatchResource};
 use super::guard::valid_only;
-use super::jobs::{job_attempt, job_shard, job_workers, shard_job};
+use super::jobs::{is_running_worker, job_attempt, job_shard, job_workers, shard_job};
 use super::store::{apply_status, to_batch};
-use super::usage::RecordedMarks;
 use crate::batches::{Batch, BatchState};
 use crate::clock;
-use crate::config::{Scheduling, WorkerTemplate};
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
+use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
-use crate::exec::{ExecContext, ExecError};
 use crate::reconcile as decisions;
 use crate::validate::Shard;
 
-pub const FIELD_MANAGER: &str = "nightshift-controller";
 /// Removes a Batch's shard data from object storage before the Batch goes.
 pub const FINALIZER: &str = "nightshift.dev/storage-cleanup";
 /// Batches reconciled at the same time.
@@ -64,68 +61,6 @@ pub enum ControllerError {
     /// Not an error: a step waits for something to finish (Jobs to go away).
     #[error("waiting: {0}")]
     Waiting(&'static str),
-}
-
-pub struct Context {
-    pub client: Client,
-    pub namespace: String,
-    pub exec: Arc<ExecContext>,
-    pub worker: WorkerTemplate,
-    pub recorder: Recorder,
-    pub jobs: Store<Job>,
-    /// The Batches' watch cache, for each one's share of the running shards.
-    pub batch_cache: Store<BatchResource>,
-    pub projects: Store<ProjectResource>,
-    /// How the running shards are shared when they are short (`batches.scheduling`).
-    pub scheduling: Scheduling,
-    /// Batches seen without a status, by uid, and since when (this process's clock).
-    pub statusless: Mutex<HashMap<String, Instant>>,
-    /// Shard Jobs that may run at once over the installation (`batches.max_running_shards`).
-    pub max_running_shards: usize,
-    /// Jobs this controller created that its cache may not show yet, and when.
-    pub created: Mutex<HashMap<String, Instant>>,
-    /// Held while a Job is created, so that concurrent passes count each other's Jobs.
-    pub starting: tokio::sync::Mutex<()>,
-    /// What the checkpoints of each unfinished batch held at its last pass, for the line
-    /// and token metrics.
-    pub recorded: RecordedMarks,
-}
-
-/// How long a created Job counts as running before the cache shows it.
-const CREATED_UNSEEN: Duration = Duration::from_secs(30);
-
-impl Context {
-    /// Shard Jobs that may be running now: started and not finished in the cache, or
-    /// just created and not in it yet (once it has them, it says whether they run: a
-    /// Job that finished frees its slot at once).
-    fn running_jobs(&self) -> usize {
-        let jobs = self.jobs.state();
-        let mut created = self.created.lock().expect("created");
-        created.retain(|name, at| at.elapsed() < CREATED_UNSEEN && !jobs.iter().any(|job| job.name_any() == *name));
-        jobs.iter().filter(|job| is_running_worker(job)).count() + created.len()
-    }
-
-    /// Each Project's weight (1 to 1000), by project id.
-    pub fn project_weights(&self) -> HashMap<String, u32> {
-        let projects = self.projects.state();
-        projects.iter().map(|p| (p.spec.id.to_string(), p.spec.weight.unwrap_or(1).clamp(1, 1000))).collect()
-    }
-
-    fn batches(&self) -> Api<BatchResource> {
-        Api::namespaced(self.client.clone(), &self.namespace)
-    }
-
-    fn jobs_api(&self) -> Api<Job> {
-        Api::namespaced(self.client.clone(), &self.namespace)
-    }
-
-    /// Publishes an Event on `batch` (failures are logged: an Event is worth no retry).
-    pub async fn event(&self, batch: &BatchResource, type_: EventType, reason: &str, note: String) {
-        let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
-        if let Err(error) = self.recorder.publish(&event, &batch.object_ref(&())).await {
-            tracing::warn!(%error, "could not publish an event");
-        }
-    }
 }
 
 /// Watch caches of the controller: Batches and their Jobs, shared by the reconciler

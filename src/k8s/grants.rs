@@ -13,9 +13,9 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 
-use super::controller::Context;
+use super::context::Context;
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
-use super::jobs::{job_phase, job_shard};
+use super::jobs::{is_running_worker, job_phase, job_shard};
 use super::stale_signals::{self, Warned};
 use crate::concurrency::Counts;
 use crate::concurrency::governor::{Governor, Look};
@@ -30,13 +30,6 @@ const EVERY: Duration = Duration::from_millis(500);
 /// How long a deleted Job's pod may still be sending (its grace period), when it did
 /// not say that it released its grant.
 const DELETED_GRACE: Duration = Duration::from_secs(60);
-
-/// A Job whose pods may be sending: started (not suspended) and not finished.
-pub fn is_running_worker(job: &Job) -> bool {
-    let labelled = job.labels().contains_key(BATCH_LABEL);
-    let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
-    labelled && !suspended && job.metadata.deletion_timestamp.is_none() && job_phase(job) == WorkerPhase::Running
-}
 
 /// An upstream as the controller divides it: `max_concurrency`, and whether the limit
 /// under it adapts (`crate::concurrency`).

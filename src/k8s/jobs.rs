@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec};
-use kube::Resource;
 use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
 
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use crate::config::WorkerTemplate;
@@ -177,6 +177,13 @@ pub fn job_attempt(job: &Job) -> u32 {
 /// The shard a Job runs, from its label.
 pub fn job_shard(job: &Job) -> Option<u32> {
     job.metadata.labels.as_ref()?.get(SHARD_LABEL)?.parse().ok()
+}
+
+/// A Job whose pods may be sending: started (not suspended) and not finished.
+pub fn is_running_worker(job: &Job) -> bool {
+    let labelled = job.labels().contains_key(BATCH_LABEL);
+    let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+    labelled && !suspended && job.metadata.deletion_timestamp.is_none() && job_phase(job) == WorkerPhase::Running
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod conditions;
+pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod grants;
@@ -11,7 +12,7 @@ pub mod jobs;
 pub mod leader;
 pub mod projects;
 pub mod rbac;
-pub mod schema;
+pub mod recorded;
 pub mod stale_signals;
 pub mod store;
 pub mod usage;

@@ -13,9 +13,8 @@ use tokio::sync::Notify;
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
 use crate::auth::ProjectDirectory;
-use crate::batches::BatchSettings;
 use crate::config::Config;
-use crate::files::{self, FileCatalog};
+use crate::files::FileCatalog;
 use crate::k8s::controller::check_crds;
 use crate::k8s::store::{KubeBatchStore, to_batch};
 use crate::quota::QuotaLedger;
@@ -69,7 +68,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         projects: directory,
         files: files.clone(),
         batches: batches.clone(),
-        batch_settings: BatchSettings::from_config(&config.batches),
+        batch_settings: config.batches.batch_settings(),
         quota,
         // The controller watches Batches: nothing to wake.
         wake: Arc::new(Notify::new()),
@@ -80,7 +79,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         limits: Arc::new(api::limits::RateLimits::new(&config.http)),
     };
 
-    let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
+    let gc = tokio::spawn(super::gc::run_gc_loop(files, config.files.gc_interval, move || {
         let batches = batches.clone();
         async move {
             let unfinished = batches.cache().state();

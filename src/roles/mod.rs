@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod controller;
+pub mod gc;
 pub mod serve;
 pub mod worker;
 

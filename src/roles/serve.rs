@@ -8,12 +8,12 @@ use anyhow::Context;
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
 use crate::auth::{ProjectDirectory, Projects};
-use crate::batches::{BatchSettings, EmbeddedBatchStore, run_retention_loop};
+use crate::batches::{EmbeddedBatchStore, run_retention_loop};
 use crate::concurrency::control::Mode;
 use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
-use crate::files::{self, FileCatalog};
+use crate::files::FileCatalog;
 use crate::quota::QuotaLedger;
 use crate::runner::Runner;
 
@@ -39,7 +39,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
     let control = tokio::spawn({
         let exec = exec.clone();
-        async move { exec.upstreams.control(&exec.client, Mode::Local).await }
+        async move { crate::exec::permits::govern_all(&exec.upstreams, &exec.client, Mode::Local).await }
     });
     let runner = Arc::new(
         Runner::new(
@@ -54,7 +54,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),
         batches: batches.clone(),
-        batch_settings: BatchSettings::from_config(&config.batches),
+        batch_settings: config.batches.batch_settings(),
         quota,
         wake: runner.waker(),
         // One process on one machine: no load balancer to leave, stop at once.
@@ -66,7 +66,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let pins = runner.clone();
-    let gc = tokio::spawn(files::run_gc_loop(files, config.files.gc_interval, move || {
+    let gc = tokio::spawn(super::gc::run_gc_loop(files, config.files.gc_interval, move || {
         let pins = pins.clone();
         async move { pins.pinned_inputs().await }
     }));

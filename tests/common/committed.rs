@@ -6,7 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use nightshift::exec::checkpoint::{CheckpointReader, ChunkKind, chunk_location};
+use nightshift::exec::checkpoint::CheckpointReader;
+use nightshift::exec::layout::{ChunkKind, chunk_location};
 use nightshift::ids::BatchId;
 use nightshift::storage::ObjectStore;
 use serde_json::Value;

@@ -1,4 +1,5 @@
-//! Schema pieces that a Kubernetes structural schema needs and schemars does not know.
+//! Schema pieces of the Batch document that a Kubernetes structural schema needs (the
+//! document is a Batch resource's status there) and schemars does not know.
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 

@@ -1,12 +1,13 @@
-//! The background sweep that removes deleted and expired files from storage, and what
-//! writers killed mid-write left behind (temp files, multipart uploads), and the parts of
-//! finished and expired uploads (the Uploads API).
+//! The background sweep of `serve` and `api`: it removes deleted and expired files from
+//! storage, what writers killed mid-write left behind (temp files, multipart uploads),
+//! the parts of finished and expired uploads (the Uploads API) and idempotency keys past
+//! their day.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::FileCatalog;
 use crate::clock;
+use crate::files::FileCatalog;
 use crate::ids::FileId;
 
 /// Sweeps every `interval`, the first time at once (a restart cleans up after the crash

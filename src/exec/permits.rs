@@ -1,0 +1,225 @@
+//! The loop that sets an upstream's permits in a process, every [`TICK`]: the ceiling
+//! (`max_concurrency` in `serve`, the controller's grant in a worker pod), the adaptive
+//! limit under it (found here in `serve`; on Kubernetes the grant already is the
+//! controller's share of it), and under that the load signal's caps: the gate's, cut as
+//! soon as requests queue at the server ([`crate::concurrency::gate`]), and, where the server says
+//! what it runs, the room its other traffic leaves ([`crate::concurrency::headroom`]) and the lines
+//! that keep its users' pace within a target ([`crate::concurrency::delay`]). Each process
+//! reads the signal and holds its own lines; a signal gone stale is set aside
+//! ([`crate::concurrency::staleness`]).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::upstream::{Upstream, Upstreams};
+use crate::concurrency::control::Mode;
+use crate::concurrency::delay::{self, Delay};
+use crate::concurrency::gate::{Gate, Pressure};
+use crate::concurrency::governor::{Governor, Look};
+use crate::concurrency::headroom::{self, Headroom, Occupancy};
+use crate::concurrency::signals;
+use crate::concurrency::staleness::{Sample, Stale, Staleness};
+use crate::metrics::METRICS;
+
+/// How often the loop looks.
+pub const TICK: Duration = Duration::from_millis(50);
+/// A failing load signal is logged at most this often (it is counted every time).
+const WARN_EVERY: Duration = Duration::from_secs(60);
+/// Lines a batch keeps in flight, whatever the caps, while the last reading saw nothing
+/// queue: a probe. At none, a batch would learn nothing more of the server (its places
+/// are learned from what runs, its queue from what waits): a server whose users queue
+/// now and then on their own would hold it at none for good.
+pub const PROBE_LINES: u32 = 1;
+
+/// Runs every upstream's loop, forever.
+pub async fn govern_all(upstreams: &Upstreams, client: &reqwest::Client, mode: Mode) {
+    futures_util::future::join_all(upstreams.iter().map(|upstream| govern(upstream, client, mode))).await;
+}
+
+/// Runs forever (the caller drops it to stop).
+pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
+    let limiter = &upstream.limiter;
+    let mut governor = Governor::new(upstream.max_concurrency);
+    let mut caps = LoadCaps::new(upstream);
+    let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Permits follow the target while the loop waits for the load signal.
+    let looping = async {
+        loop {
+            ticks.tick().await;
+            let limit = match mode {
+                Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
+                Mode::Local if upstream.adaptive => governor.look(Look {
+                    now: std::time::Instant::now(),
+                    counts: upstream.observed.counts(),
+                    in_flight: limiter.in_flight(),
+                    ceiling: upstream.max_concurrency,
+                }),
+                Mode::Local => upstream.max_concurrency,
+            };
+            caps.read_when_due(upstream, client, mode, limit).await;
+            let target = caps.cap().map_or(limit, |cap| cap.min(limit));
+            limit_gauge.set(i64::from(target));
+            limiter.set_target(target);
+        }
+    };
+    tokio::select! {
+        () = limiter.apply() => {}
+        () = looping => {}
+    }
+}
+
+/// The caps an upstream's load signal sets, and when to read it next.
+struct LoadCaps {
+    gate: Gate,
+    headroom: Headroom,
+    /// The headroom's cap as of the last reading (none once a reading fails).
+    room: Option<u32>,
+    delay: Delay,
+    /// The delay's cap as of the last reading (none once a reading fails).
+    paced: Option<u32>,
+    /// The last reading that said what the server runs.
+    ran_at: Option<std::time::Instant>,
+    /// The last reading saw nothing queue (or failed).
+    clear: bool,
+    staleness: Staleness,
+    next_read: tokio::time::Instant,
+    warned: Option<tokio::time::Instant>,
+    upstream: String,
+    held: Gauge,
+}
+
+impl LoadCaps {
+    fn new(upstream: &Upstream) -> Self {
+        Self {
+            gate: Gate::default(),
+            headroom: Headroom::default(),
+            room: None,
+            delay: Delay::default(),
+            paced: None,
+            ran_at: None,
+            clear: true,
+            staleness: Staleness::default(),
+            next_read: tokio::time::Instant::now(),
+            warned: None,
+            upstream: upstream.name.clone(),
+            held: METRICS.dispatch_held_of(&upstream.name),
+        }
+    }
+
+    /// A reading that failed or was set aside: counted every time, logged at most every
+    /// [`WARN_EVERY`]; batches go on, governed by throughput alone.
+    fn failed(&mut self, reason: &'static str, detail: &str) {
+        METRICS.load_signal_failures_of(&self.upstream, reason).inc();
+        if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            self.warned = Some(tokio::time::Instant::now());
+            tracing::warn!(upstream = %self.upstream, reason, detail, "the load signal failed; batches go on without it");
+        }
+    }
+
+    /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
+    /// the batch), but [`PROBE_LINES`] at least while nothing queues.
+    fn cap(&self) -> Option<u32> {
+        let cap = [self.gate.cap(), self.room, self.paced].into_iter().flatten().min()?;
+        Some(if self.clear { cap.max(PROBE_LINES) } else { cap })
+    }
+
+    /// Reads the upstream's load signal, if it has one and a reading is due, and sets the
+    /// caps from it.
+    async fn read_when_due(&mut self, upstream: &Upstream, client: &reqwest::Client, mode: Mode, limit: u32) {
+        let Some(signal) = &upstream.load_signal else { return };
+        if tokio::time::Instant::now() < self.next_read {
+            return;
+        }
+        // On the beat of `every`, not of when this tick came: a tick falls a hair before
+        // `now + every`, which would make every reading wait one more tick.
+        self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
+        let (pressure, occupancy) = match signals::read(client, signal).await {
+            Ok((reading, digest)) => {
+                let pressure = reading.pressure(signal);
+                let sample = Sample {
+                    digest,
+                    numbers: [reading.waiting, reading.running.unwrap_or(-1.0), reading.kv_cache_usage.unwrap_or(-1.0)]
+                        .map(f64::to_bits),
+                    holding: pressure != Pressure::Clear,
+                    finished: upstream.observed.counts().lines,
+                };
+                let stale = self.staleness.judge(std::time::Instant::now(), sample);
+                upstream.control.signal_stale.store(stale.is_some(), Ordering::Relaxed);
+                match stale {
+                    None => (pressure, reading.running.map(|running| (running, reading.waiting))),
+                    Some(stale) => {
+                        let detail = match stale {
+                            Stale::SameSample => "the same answer while lines finished at the server",
+                            Stale::FrozenHold => "a hold whose numbers have not moved in a minute",
+                        };
+                        self.failed("stale", detail);
+                        // The throughput rule alone, at once: nothing of the signal holds.
+                        self.gate = Gate::default();
+                        self.room = None;
+                        self.paced = None;
+                        self.clear = true;
+                        self.held.set(0);
+                        return;
+                    }
+                }
+            }
+            Err(failure) => {
+                upstream.control.signal_stale.store(false, Ordering::Relaxed);
+                self.failed(failure.reason, &failure.detail);
+                (Pressure::Clear, None)
+            }
+        };
+        let in_flight = upstream.limiter.in_flight();
+        let now = std::time::Instant::now();
+        let cap = self.gate.read(now, pressure, in_flight, limit);
+        let ours = upstream.observed.at_upstream();
+        self.room = occupancy
+            .and_then(|(running, waiting)| {
+                self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
+            })
+            .map(|cap| headroom::take(cap, rand::random()));
+        // What the server ran since the reading before, for the lines' own averages
+        // ([`delay`]); a gap of more than a second says nothing of it.
+        match occupancy {
+            Some((running, _)) => {
+                if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
+                    && since <= Duration::from_secs(1)
+                {
+                    upstream.observed.ran(running, since);
+                }
+                self.ran_at = Some(now);
+            }
+            None => self.ran_at = None,
+        }
+        self.paced = occupancy.and_then(|(running, waiting)| {
+            let look = delay::Look {
+                timing: upstream.observed.timing(),
+                running,
+                waiting,
+                ours,
+                in_flight,
+                others: !self.headroom.alone(),
+            };
+            self.delay.read(now, look, limit)
+        });
+        tracing::debug!(
+            upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, room = ?self.room,
+            reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
+        );
+        self.clear = pressure == Pressure::Clear;
+        self.held.set(i64::from(!self.clear));
+    }
+}
+
+/// This process's part of the room at the server: all of it in `serve`; in a worker
+/// pod, an equal part with the other pods sending to the upstream.
+fn share(mode: Mode, upstream: &Upstream) -> f64 {
+    match mode {
+        Mode::Local => 1.0,
+        Mode::Granted => 1.0 / f64::from(upstream.control.sharing.load(Ordering::Relaxed).max(1)),
+    }
+}
