@@ -6,6 +6,8 @@
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
+// A function reads in a screen: at most 60 lines of code (clippy.toml).
+#![warn(clippy::too_many_lines)]
 
 pub mod api;
 pub mod auth;

@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::batches::Status;
 
@@ -120,83 +120,54 @@ fn http_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+/// `metric`, registered under `name` (after the `nightshift_` prefix) with `help`.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     fn new() -> Self {
         let mut registry = Registry::with_prefix("nightshift");
-        let batches = Family::<StatusLabel, Gauge>::default();
-        registry.register("batches", "Batches by status", batches.clone());
-        let lines = Family::<LineLabels, Counter>::default();
-        registry.register("lines", "Lines recorded, by outcome and error code", lines.clone());
-        let upstream_latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "upstream_request_duration_seconds",
-            "Time of each attempt of a request to an upstream",
-            upstream_latency.clone(),
-        );
-        let upstream_retries = Family::<UpstreamLabel, Counter>::default();
-        registry.register("upstream_retries", "Attempts after the first, per upstream", upstream_retries.clone());
-        let queue_depth = Gauge::default();
-        registry.register("queue_depth", "Lines of unfinished batches that have no record yet", queue_depth.clone());
-        let http_requests = Family::<HttpLabels, Counter>::default();
-        registry.register(
-            "http_requests",
-            "HTTP requests answered, by method, route and status",
-            http_requests.clone(),
-        );
-        let http_duration: RouteHistogramFamily = Family::new_with_constructor(http_histogram);
-        registry.register(
-            "http_request_duration_seconds",
-            "Time to answer an HTTP request, by method and route",
-            http_duration.clone(),
-        );
-        let tokens = Family::<ProjectLabel, Counter>::default();
-        registry.register("tokens", "Tokens used by recorded lines, by project", tokens.clone());
-        let commit_retries = Counter::default();
-        registry.register(
-            "commit_retries",
-            "Shard commits tried again because storage failed (dispatch pauses meanwhile)",
-            commit_retries.clone(),
-        );
-        let superseded_runs = Counter::default();
-        registry.register(
-            "superseded_runs",
-            "Shard runs that stopped because a newer run claimed their shard",
-            superseded_runs.clone(),
-        );
-        let webhook_deliveries = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "webhook_deliveries",
-            "Webhook delivery attempts by outcome: delivered, failed (retried later), refused (an internal target), gave_up (events)",
-            webhook_deliveries.clone(),
-        );
-        let webhook_events_pending = Gauge::default();
-        registry.register(
-            "webhook_events_pending",
-            "Webhook events not yet delivered to every endpoint, as of the last pass",
-            webhook_events_pending.clone(),
-        );
-        let load_signal_failures = Family::<SignalFailureLabels, Counter>::default();
-        registry.register(
-            "load_signal_failures",
-            "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)",
-            load_signal_failures.clone(),
-        );
-        let concurrency_limit = Family::<UpstreamLabel, Gauge>::default();
-        registry.register(
-            "upstream_concurrency_limit",
-            "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that",
-            concurrency_limit.clone(),
-        );
-        let dispatch_held = Family::<UpstreamLabel, Gauge>::default();
-        registry.register(
-            "upstream_dispatch_held",
-            "1 while an upstream's load signal says requests queue at it: batch dispatch backs off",
-            dispatch_held.clone(),
-        );
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        registry.register("build_info", "The running build: 1, labelled with its version", build_info.clone());
-        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        let r = &mut registry;
+        let batches = registered(r, "batches", "Batches by status", Family::default());
+        let lines: Family<LineLabels, Counter> =
+            registered(r, "lines", "Lines recorded, by outcome and error code", Family::default());
         let completed_lines = lines.get_or_create(&LineLabels { outcome: "completed", code: "" }).clone();
+        let attempt = "Time of each attempt of a request to an upstream";
+        let upstream_latency: HistogramFamily = registered(
+            r,
+            "upstream_request_duration_seconds",
+            attempt,
+            Family::new_with_constructor(latency_histogram),
+        );
+        let retries = "Attempts after the first, per upstream";
+        let upstream_retries = registered(r, "upstream_retries", retries, Family::default());
+        let queued = "Lines of unfinished batches that have no record yet";
+        let queue_depth = registered(r, "queue_depth", queued, Gauge::default());
+        let answered = "HTTP requests answered, by method, route and status";
+        let http_requests = registered(r, "http_requests", answered, Family::default());
+        let timed = "Time to answer an HTTP request, by method and route";
+        let http_duration: RouteHistogramFamily =
+            registered(r, "http_request_duration_seconds", timed, Family::new_with_constructor(http_histogram));
+        let tokens = registered(r, "tokens", "Tokens used by recorded lines, by project", Family::default());
+        let retried = "Shard commits tried again because storage failed (dispatch pauses meanwhile)";
+        let commit_retries = registered(r, "commit_retries", retried, Counter::default());
+        let superseded = "Shard runs that stopped because a newer run claimed their shard";
+        let superseded_runs = registered(r, "superseded_runs", superseded, Counter::default());
+        let deliveries = "Webhook delivery attempts by outcome: delivered, failed (retried later), refused (an internal target), gave_up (events)";
+        let webhook_deliveries = registered(r, "webhook_deliveries", deliveries, Family::default());
+        let pending = "Webhook events not yet delivered to every endpoint, as of the last pass";
+        let webhook_events_pending = registered(r, "webhook_events_pending", pending, Gauge::default());
+        let failures = "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)";
+        let load_signal_failures = registered(r, "load_signal_failures", failures, Family::default());
+        let limit = "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that";
+        let concurrency_limit = registered(r, "upstream_concurrency_limit", limit, Family::default());
+        let held = "1 while an upstream's load signal says requests queue at it: batch dispatch backs off";
+        let dispatch_held = registered(r, "upstream_dispatch_held", held, Family::default());
+        let build = "The running build: 1, labelled with its version";
+        let build_info: Family<BuildLabels, Gauge> = registered(r, "build_info", build, Family::default());
+        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
         Self {
             registry,
             batches,

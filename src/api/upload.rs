@@ -16,9 +16,9 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::CurrentProject;
 use super::idempotent::{self, Begin};
-use crate::files::{FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
-use crate::idempotency::fingerprint;
-use crate::ids::FileId;
+use crate::files::{ExpiresAfter, FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
+use crate::idempotency::{Claim, IdempotencyKey, fingerprint};
+use crate::ids::{FileId, ProjectId};
 
 /// The request may carry a little more than the file: boundaries and other fields.
 pub const MAX_UPLOAD_REQUEST_BYTES: usize = MAX_UPLOAD_BYTES as usize + 1024 * 1024;
@@ -84,25 +84,11 @@ pub async fn create_file(
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let idempotency_key = idempotent::key_from(&headers)?;
-    let is_multipart = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
     // Each upload holds memory and a storage writer while it streams: a bounded number.
     let Ok(_receiving) = state.receiving.clone().try_acquire_owned() else {
         return Err(busy());
     };
-    if !is_multipart {
-        return Err(ApiError::bad_request(
-            "invalid_content_type",
-            "Uploads must be sent as multipart/form-data with a `file` part and a `purpose` field",
-        ));
-    }
-    let declared_length =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > MAX_UPLOAD_REQUEST_BYTES as u64) {
-        return Err(too_large());
-    }
+    check_headers(&headers)?;
     let mut multipart = multipart.map_err(|rejection| {
         ApiError::bad_request(
             "invalid_multipart",
@@ -112,26 +98,7 @@ pub async fn create_file(
 
     let mut form = Form { digest: idempotency_key.as_ref().map(|_| Sha256::new()), ..Form::default() };
     let outcome = read_parts(&state, &project.id, &mut multipart, &mut form).await;
-    let checked = outcome.and_then(|()| {
-        match form.purpose.as_deref() {
-            Some("batch") => {}
-            other => return Err(invalid_purpose(other)),
-        }
-        let expires_after =
-            expiry::from_fields("expires_after", form.expires_anchor.as_deref(), form.expires_seconds.as_deref())?;
-        match &form.upload {
-            None => Err(ApiError::bad_request(
-                "missing_file",
-                "No file part in the multipart body; send the file as `file`",
-            )
-            .with_param("file")),
-            Some((file, _)) if file.bytes() == 0 => {
-                Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
-            }
-            Some(_) => Ok(expires_after),
-        }
-    });
-    let expires_after = match checked {
+    let expires_after = match outcome.and_then(|()| form.checked()) {
         Ok(expires_after) => expires_after,
         Err(error) => {
             if let Some((file, _)) = form.upload {
@@ -141,36 +108,15 @@ pub async fn create_file(
             return Err(error);
         }
     };
+    let fingerprint = form.fingerprint();
     let (file, filename) = form.upload.expect("checked above");
-    let claimed = match (idempotency_key, form.digest.take()) {
-        (Some(key), Some(digest)) => {
-            let fingerprint = fingerprint(&[
-                b"POST /v1/files",
-                form.purpose.as_deref().unwrap_or_default().as_bytes(),
-                filename.as_deref().unwrap_or_default().as_bytes(),
-                form.expires_anchor.as_deref().unwrap_or_default().as_bytes(),
-                form.expires_seconds.as_deref().unwrap_or_default().as_bytes(),
-                &digest.finalize(),
-            ]);
-            let find = |object_id: String| {
-                let (files, project) = (state.files.clone(), project.id.clone());
-                async move {
-                    let Some(id) = FileId::parse(&object_id) else { return Ok(None) };
-                    files.record(&project, &id).await.map_err(ApiError::from)
-                }
-            };
-            let begun =
-                idempotent::begin(&state.idempotency, &project.id, &key, fingerprint, file.id().to_string(), find)
-                    .await;
-            match begun {
-                Ok(Begin::Create(claim)) => Some((key, claim)),
-                Ok(Begin::Replay(record)) => {
+    let claimed = match (idempotency_key, fingerprint) {
+        (Some(key), Some(fingerprint)) => {
+            match claim(&state, &project.id, &key, fingerprint, file.id().to_string()).await {
+                Ok(claim) => Some((key, claim)),
+                Err(answer) => {
                     file.abort().await;
-                    return Ok(idempotent::replayed(Json(FileObject::from(&record))));
-                }
-                Err(error) => {
-                    file.abort().await;
-                    return Err(error);
+                    return answer;
                 }
             }
         }
@@ -186,6 +132,49 @@ pub async fn create_file(
     Ok(Json(FileObject::from(&record)).into_response())
 }
 
+/// A multipart body, and not one declared larger than an upload may be.
+fn check_headers(headers: &HeaderMap) -> Result<(), ApiError> {
+    let is_multipart = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+    if !is_multipart {
+        return Err(ApiError::bad_request(
+            "invalid_content_type",
+            "Uploads must be sent as multipart/form-data with a `file` part and a `purpose` field",
+        ));
+    }
+    let declared_length =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_UPLOAD_REQUEST_BYTES as u64) {
+        return Err(too_large());
+    }
+    Ok(())
+}
+
+/// The upload's idempotency key claimed for the file being made; or, when the same
+/// request made a file before, the answer it had (`Err`, as an early answer).
+async fn claim(
+    state: &AppState,
+    project: &ProjectId,
+    key: &IdempotencyKey,
+    fingerprint: String,
+    file_id: String,
+) -> Result<Claim, Result<Response, ApiError>> {
+    let find = |object_id: String| {
+        let (files, project) = (state.files.clone(), project.clone());
+        async move {
+            let Some(id) = FileId::parse(&object_id) else { return Ok(None) };
+            files.record(&project, &id).await.map_err(ApiError::from)
+        }
+    };
+    match idempotent::begin(&state.idempotency, project, key, fingerprint, file_id, find).await {
+        Ok(Begin::Create(claim)) => Ok(claim),
+        Ok(Begin::Replay(record)) => Err(Ok(idempotent::replayed(Json(FileObject::from(&record))))),
+        Err(error) => Err(Err(error)),
+    }
+}
+
 /// What the multipart body holds, as far as read.
 #[derive(Default)]
 struct Form {
@@ -197,6 +186,44 @@ struct Form {
     /// The digest of the file's bytes, taken while streaming when the request has an
     /// idempotency key (part of its fingerprint).
     digest: Option<Sha256>,
+}
+
+impl Form {
+    /// The form once read: purpose `batch`, a non-empty file, and its expiry if any.
+    fn checked(&self) -> Result<Option<ExpiresAfter>, ApiError> {
+        match self.purpose.as_deref() {
+            Some("batch") => {}
+            other => return Err(invalid_purpose(other)),
+        }
+        let expires_after =
+            expiry::from_fields("expires_after", self.expires_anchor.as_deref(), self.expires_seconds.as_deref())?;
+        match &self.upload {
+            None => Err(ApiError::bad_request(
+                "missing_file",
+                "No file part in the multipart body; send the file as `file`",
+            )
+            .with_param("file")),
+            Some((file, _)) if file.bytes() == 0 => {
+                Err(ApiError::bad_request("empty_file", "The uploaded file is empty").with_param("file"))
+            }
+            Some(_) => Ok(expires_after),
+        }
+    }
+
+    /// What an idempotency key's request is known by: every field and the file's
+    /// digest (`None` without a key, when no digest was taken).
+    fn fingerprint(&mut self) -> Option<String> {
+        let digest = self.digest.take()?;
+        let filename = self.upload.as_ref().and_then(|(_, name)| name.as_deref());
+        Some(fingerprint(&[
+            b"POST /v1/files",
+            self.purpose.as_deref().unwrap_or_default().as_bytes(),
+            filename.unwrap_or_default().as_bytes(),
+            self.expires_anchor.as_deref().unwrap_or_default().as_bytes(),
+            self.expires_seconds.as_deref().unwrap_or_default().as_bytes(),
+            &digest.finalize(),
+        ]))
+    }
 }
 
 /// Reads every part: `purpose` and `expires_after[...]` as text, `file` streamed into

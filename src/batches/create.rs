@@ -113,7 +113,6 @@ impl CreateBatch {
     }
 }
 
-/// Looks up and validates the input, then persists the batch under `id` (chosen by the
 #[cfg(test)]
 mod tests {
     use serde_json::json;

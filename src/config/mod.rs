@@ -511,10 +511,14 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |message: String| Err(ConfigError::Invalid(message));
         if self.storage.dir.is_none() && self.storage.s3.is_none() {
-            return invalid("storage needs either `dir` or `s3`".into());
+            return Err(ConfigError::Invalid("storage needs either `dir` or `s3`".into()));
         }
+        self.check_projects().and_then(|()| self.check_limits()).map_err(ConfigError::Invalid)
+    }
+
+    /// Each project once, each key of one project, and each project sound.
+    fn check_projects(&self) -> Result<(), String> {
         let mut seen = std::collections::HashSet::new();
         // A key names its project (`Authorization: Bearer`), so no two projects share one.
         let mut owners: std::collections::HashMap<[u8; 32], &ProjectId> = std::collections::HashMap::new();
@@ -522,87 +526,103 @@ impl Config {
             for key in &project.api_keys {
                 let Some(digest) = key.digest() else { continue };
                 if let Some(owner) = owners.insert(digest, &project.id).filter(|owner| **owner != project.id) {
-                    return invalid(format!(
+                    return Err(format!(
                         "projects {owner} and {} share an api key: each key belongs to one project",
                         project.id
                     ));
                 }
             }
             if !seen.insert(&project.id) {
-                return invalid(format!("project {} is configured twice", project.id));
+                return Err(format!("project {} is configured twice", project.id));
             }
-            for webhook in &project.webhooks {
-                if let Err(error) = crate::webhooks::target::parse_url(&webhook.url) {
-                    return invalid(format!("project {}: webhook {error}", project.id));
-                }
-                if crate::webhooks::SigningSecret::parse(&webhook.secret).is_none() {
-                    return invalid(format!(
-                        "project {}: the secret of webhook {} is not whsec_ followed by the base64 of at least 16 bytes",
-                        project.id, webhook.url
-                    ));
-                }
-            }
-            if project.api_keys.is_empty() {
-                return invalid(format!("project {} has no api_keys", project.id));
-            }
-            if !(1..=1000).contains(&project.weight) {
-                return invalid(format!("project {}: weight must be between 1 and 1000", project.id));
-            }
-            for key in &project.api_keys {
-                match (&key.plain, &key.sha256) {
-                    (Some(plain), None) if !plain.is_empty() => {}
-                    (None, Some(hash)) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
-                    (None, Some(_)) => {
-                        return invalid(format!("project {}: sha256 keys are 64 hex digits", project.id));
-                    }
-                    _ => {
-                        return invalid(format!(
-                            "project {}: each api key is exactly one of {{plain: ...}} or {{sha256: ...}}",
-                            project.id
-                        ));
-                    }
-                }
-            }
+            project.check()?;
         }
+        Ok(())
+    }
+
+    /// The HTTP limits, the metrics' address, webhooks, batches and upstreams.
+    fn check_limits(&self) -> Result<(), String> {
         let http = &self.http;
         if [http.max_connections, http.max_connections_per_client, http.max_uploads].contains(&0)
             || [http.requests_per_minute, http.failed_auth_per_minute].contains(&0)
         {
-            return invalid("http: every limit must be at least 1".into());
+            return Err("http: every limit must be at least 1".into());
         }
         if self.metrics.listen.is_some_and(|metrics| metrics == self.listen && metrics.port() != 0) {
-            return invalid(
-                "metrics.listen must differ from listen: /metrics is not served on the API's address".into(),
-            );
+            return Err("metrics.listen must differ from listen: /metrics is not served on the API's address".into());
         }
         if self.webhooks.timeout.is_zero() || self.webhooks.give_up_after.is_zero() {
-            return invalid("webhooks.timeout and webhooks.give_up_after must be longer than 0s".into());
+            return Err("webhooks.timeout and webhooks.give_up_after must be longer than 0s".into());
         }
-        if self.batches.shard_lines == 0 {
-            return invalid("batches.shard_lines must be at least 1".into());
+        self.batches.check()?;
+        for upstream in &self.upstreams {
+            if upstream.max_concurrency == 0 {
+                return Err(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
+            }
+            if let Some(signal) = &upstream.load_signal {
+                signal.validate(&upstream.name)?;
+            }
         }
-        if self.batches.endpoints.is_empty() {
-            return invalid("batches.endpoints must name at least one endpoint".into());
+        Ok(())
+    }
+}
+
+impl ProjectConfig {
+    /// Its webhooks, keys and weight.
+    fn check(&self) -> Result<(), String> {
+        for webhook in &self.webhooks {
+            if let Err(error) = crate::webhooks::target::parse_url(&webhook.url) {
+                return Err(format!("project {}: webhook {error}", self.id));
+            }
+            if crate::webhooks::SigningSecret::parse(&webhook.secret).is_none() {
+                return Err(format!(
+                    "project {}: the secret of webhook {} is not whsec_ followed by the base64 of at least 16 bytes",
+                    self.id, webhook.url
+                ));
+            }
         }
-        if let Err(unknown) = crate::validate::Endpoints::from_urls(&self.batches.endpoints) {
-            return invalid(format!(
+        if self.api_keys.is_empty() {
+            return Err(format!("project {} has no api_keys", self.id));
+        }
+        if !(1..=1000).contains(&self.weight) {
+            return Err(format!("project {}: weight must be between 1 and 1000", self.id));
+        }
+        for key in &self.api_keys {
+            match (&key.plain, &key.sha256) {
+                (Some(plain), None) if !plain.is_empty() => {}
+                (None, Some(hash)) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+                (None, Some(_)) => return Err(format!("project {}: sha256 keys are 64 hex digits", self.id)),
+                _ => {
+                    return Err(format!(
+                        "project {}: each api key is exactly one of {{plain: ...}} or {{sha256: ...}}",
+                        self.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BatchesConfig {
+    fn check(&self) -> Result<(), String> {
+        if self.shard_lines == 0 {
+            return Err("batches.shard_lines must be at least 1".into());
+        }
+        if self.endpoints.is_empty() {
+            return Err("batches.endpoints must name at least one endpoint".into());
+        }
+        if let Err(unknown) = crate::validate::Endpoints::from_urls(&self.endpoints) {
+            return Err(format!(
                 "batches.endpoints: {unknown:?} is not a batchable endpoint (any of {})",
                 crate::validate::BATCHABLE_URLS.join(", ")
             ));
         }
-        if self.batches.max_running_shards == Some(0) {
-            return invalid("batches.max_running_shards must be at least 1".into());
+        if self.max_running_shards == Some(0) {
+            return Err("batches.max_running_shards must be at least 1".into());
         }
-        if self.batches.completion_window.is_zero() {
-            return invalid("batches.completion_window must be longer than 0s".into());
-        }
-        for upstream in &self.upstreams {
-            if upstream.max_concurrency == 0 {
-                return invalid(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
-            }
-            if let Some(signal) = &upstream.load_signal {
-                signal.validate(&upstream.name).map_err(ConfigError::Invalid)?;
-            }
+        if self.completion_window.is_zero() {
+            return Err("batches.completion_window must be longer than 0s".into());
         }
         Ok(())
     }

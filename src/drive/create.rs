@@ -7,11 +7,12 @@ use futures_util::StreamExt;
 use crate::batches::create::{BatchSettings, COMPLETION_WINDOW, CreateBatch, CreateError};
 use crate::batches::{Batch, BatchError, BatchSpec, BatchState, BatchStore, Status};
 use crate::clock;
-use crate::files::{FileCatalog, Purpose};
+use crate::files::{FileCatalog, FileRecord, Purpose};
 use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
-use crate::validate::{self, Validator};
+use crate::validate::{self, InvalidInput, ValidInput, Validator};
 
+/// Looks up and validates the input, then persists the batch under `id` (chosen by the
 /// caller, so that an idempotency key can name it before it exists).
 pub async fn create_batch(
     files: &FileCatalog,
@@ -43,25 +44,11 @@ pub async fn create_batch(
         plan: Default::default(),
     };
 
-    let verdict = if input.bytes > validate::MAX_FILE_BYTES {
-        Err(validate::file_too_large())
-    } else {
-        let mut content = match files.open(&input).await {
-            Ok(content) => content,
-            Err(StorageError::NotFound(_)) => {
-                return Err(CreateError::InputMissing(request.input_file_id));
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let mut validator = Validator::with_endpoints(&spec.endpoint, settings.shard_lines, settings.endpoints);
-        let mut fed = Ok(());
-        while let Some(chunk) = content.next().await {
-            fed = validator.feed(&chunk?);
-            if fed.is_err() {
-                break;
-            }
+    let verdict = match validate_input(files, &input, &spec.endpoint, settings).await {
+        Err(CreateError::Storage(StorageError::NotFound(_))) => {
+            return Err(CreateError::InputMissing(request.input_file_id));
         }
-        fed.and_then(|()| validator.finish())
+        verdict => verdict?,
     };
 
     let now = clock::now();
@@ -89,4 +76,25 @@ pub async fn create_batch(
             Err(CreateError::Invalid { error, batch: Box::new(batch) })
         }
     }
+}
+
+/// One streaming validation pass over `input` (a file too large is refused unread; one
+/// gone from storage is `StorageError::NotFound`).
+async fn validate_input(
+    files: &FileCatalog,
+    input: &FileRecord,
+    endpoint: &str,
+    settings: BatchSettings,
+) -> Result<Result<ValidInput, InvalidInput>, CreateError> {
+    if input.bytes > validate::MAX_FILE_BYTES {
+        return Ok(Err(validate::file_too_large()));
+    }
+    let mut content = files.open(input).await?;
+    let mut validator = Validator::with_endpoints(endpoint, settings.shard_lines, settings.endpoints);
+    while let Some(chunk) = content.next().await {
+        if let Err(invalid) = validator.feed(&chunk?) {
+            return Ok(Err(invalid));
+        }
+    }
+    Ok(validator.finish())
 }

@@ -94,14 +94,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
     let url = upstream.url_for(endpoint);
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
-        let mut request = client
-            .post(url.clone())
-            .timeout(upstream.timeout)
-            .header("content-type", "application/json")
-            .body(body.clone());
-        if let Some(key) = &upstream.api_key {
-            request = request.bearer_auth(key);
-        }
+        let request = post(client, upstream, url.clone(), body.clone());
         let mut retry_after = None;
         if attempt > 1 {
             METRICS.upstream_retry(&upstream.name);
@@ -151,6 +144,15 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
         pause(upstream.backoff, attempt, retry_after).await;
     }
     LineOutcome::Failure(exhausted(&last))
+}
+
+/// One attempt's request: the line's body, the upstream's key and timeout.
+fn post(client: &reqwest::Client, upstream: &Upstream, url: reqwest::Url, body: Bytes) -> reqwest::RequestBuilder {
+    let request = client.post(url).timeout(upstream.timeout).header("content-type", "application/json").body(body);
+    match &upstream.api_key {
+        Some(key) => request.bearer_auth(key),
+        None => request,
+    }
 }
 
 async fn pause(backoff: Backoff, attempt: u32, retry_after: Option<Duration>) {

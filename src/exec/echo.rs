@@ -59,6 +59,18 @@ fn embedding(text: &str) -> Vec<f64> {
     digest.chunks(4).map(|bytes| f64::from(bytes[0]) / 255.0 - 0.5).collect()
 }
 
+/// An embeddings answer: a vector per input, the same for the same text.
+fn embeddings(request: &Value, model: Value) -> Value {
+    let inputs = items(request.get("input"));
+    let tokens: usize = inputs.iter().map(|input| words(&text_of(input))).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| json!({"object": "embedding", "index": index, "embedding": embedding(&text_of(input))}))
+        .collect();
+    json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+}
+
 pub fn echo(endpoint: &str, body: &[u8]) -> LineOutcome {
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let model = request.get("model").cloned().unwrap_or(Value::Null);
@@ -66,17 +78,7 @@ pub fn echo(endpoint: &str, body: &[u8]) -> LineOutcome {
     let suffix = &id.as_str()[4..];
     let now = crate::clock::now();
     let response = match endpoint {
-        "/v1/embeddings" => {
-            let inputs = items(request.get("input"));
-            let tokens: usize = inputs.iter().map(|input| words(&text_of(input))).sum();
-            let data: Vec<Value> = inputs
-                .iter()
-                .enumerate()
-                .map(|(index, input)| json!({"object": "embedding", "index": index, "embedding": embedding(&text_of(input))}))
-                .collect();
-            json!({"object": "list", "data": data, "model": model,
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-        }
+        "/v1/embeddings" => embeddings(&request, model),
         "/v1/completions" => {
             let prompt = request.get("prompt").map(text_of).unwrap_or_default();
             let tokens = words(&prompt);

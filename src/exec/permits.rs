@@ -137,42 +137,7 @@ impl LoadCaps {
         // On the beat of `every`, not of when this tick came: a tick falls a hair before
         // `now + every`, which would make every reading wait one more tick.
         self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
-        let (pressure, occupancy) = match signals::read(client, signal).await {
-            Ok((reading, digest)) => {
-                let pressure = reading.pressure(signal);
-                let sample = Sample {
-                    digest,
-                    numbers: [reading.waiting, reading.running.unwrap_or(-1.0), reading.kv_cache_usage.unwrap_or(-1.0)]
-                        .map(f64::to_bits),
-                    holding: pressure != Pressure::Clear,
-                    finished: upstream.observed.counts().lines,
-                };
-                let stale = self.staleness.judge(std::time::Instant::now(), sample);
-                upstream.control.signal_stale.store(stale.is_some(), Ordering::Relaxed);
-                match stale {
-                    None => (pressure, reading.running.map(|running| (running, reading.waiting))),
-                    Some(stale) => {
-                        let detail = match stale {
-                            Stale::SameSample => "the same answer while lines finished at the server",
-                            Stale::FrozenHold => "a hold whose numbers have not moved in a minute",
-                        };
-                        self.failed("stale", detail);
-                        // The throughput rule alone, at once: nothing of the signal holds.
-                        self.gate = Gate::default();
-                        self.room = None;
-                        self.paced = None;
-                        self.clear = true;
-                        self.held.set(0);
-                        return;
-                    }
-                }
-            }
-            Err(failure) => {
-                upstream.control.signal_stale.store(false, Ordering::Relaxed);
-                self.failed(failure.reason, &failure.detail);
-                (Pressure::Clear, None)
-            }
-        };
+        let Some((pressure, occupancy)) = self.read(upstream, client, signal).await else { return };
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
         let cap = self.gate.read(now, pressure, in_flight, limit);
@@ -212,6 +177,54 @@ impl LoadCaps {
         );
         self.clear = pressure == Pressure::Clear;
         self.held.set(i64::from(!self.clear));
+    }
+
+    /// One reading of the signal: the pressure it shows and, where the server says what
+    /// it runs, its running and waiting; `None` once a stale reading has been set aside
+    /// (nothing of the signal holds then). A failed reading is clear, as without one.
+    async fn read(
+        &mut self,
+        upstream: &Upstream,
+        client: &reqwest::Client,
+        signal: &signals::LoadSignalConfig,
+    ) -> Option<(Pressure, Option<(f64, f64)>)> {
+        let read = match signals::read(client, signal).await {
+            Ok((reading, digest)) => {
+                let pressure = reading.pressure(signal);
+                let sample = Sample {
+                    digest,
+                    numbers: [reading.waiting, reading.running.unwrap_or(-1.0), reading.kv_cache_usage.unwrap_or(-1.0)]
+                        .map(f64::to_bits),
+                    holding: pressure != Pressure::Clear,
+                    finished: upstream.observed.counts().lines,
+                };
+                let stale = self.staleness.judge(std::time::Instant::now(), sample);
+                upstream.control.signal_stale.store(stale.is_some(), Ordering::Relaxed);
+                match stale {
+                    None => (pressure, reading.running.map(|running| (running, reading.waiting))),
+                    Some(stale) => {
+                        let detail = match stale {
+                            Stale::SameSample => "the same answer while lines finished at the server",
+                            Stale::FrozenHold => "a hold whose numbers have not moved in a minute",
+                        };
+                        self.failed("stale", detail);
+                        // The throughput rule alone, at once: nothing of the signal holds.
+                        self.gate = Gate::default();
+                        self.room = None;
+                        self.paced = None;
+                        self.clear = true;
+                        self.held.set(0);
+                        return None;
+                    }
+                }
+            }
+            Err(failure) => {
+                upstream.control.signal_stale.store(false, Ordering::Relaxed);
+                self.failed(failure.reason, &failure.detail);
+                (Pressure::Clear, None)
+            }
+        };
+        Some(read)
     }
 }
 

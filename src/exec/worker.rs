@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::{Future, StreamExt};
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::Instant;
+use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::time::{Instant, Interval, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::call::{LineOutcome, call_upstream};
@@ -105,173 +105,296 @@ pub async fn run_shard(
     if ledger.is_complete() {
         return Ok(ShardExit::Finished);
     }
-    let mut writer = ChunkWriter::claim(ctx.store.clone(), spec.id.clone(), shard.index, ledger).await?;
+    let writer = ChunkWriter::claim(ctx.store.clone(), spec.id.clone(), shard.index, ledger).await?;
     let range = shard.byte_start..shard.byte_end;
-    let mut input = NumberedLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
-    // Timers made once and reset, not one per turn of the loop: registering a timer
-    // takes the time driver's lock, and the loop turns once per line.
-    let expiry = tokio::time::sleep_until(deadline_at(spec.expires_at));
-    tokio::pin!(expiry);
-    let group_due = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(group_due);
+    let input = NumberedLines::new(ctx.files.open_data_range(&spec.project_id, &spec.input_file_id, range).await?);
+    ShardRun::new(ctx, spec, shard, ledger, writer, input).run(&stop, dispatched).await
+}
 
-    let mut ready: Option<Ready> = None;
-    let mut in_flight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
-    let mut dispatching = true;
-    let mut grace_ends: Option<Instant> = None;
-    // Permits of lines recorded but not durable yet, and of lines made durable, free
-    // for the next lines.
-    let mut awaiting: Vec<Held> = Vec::new();
-    let mut spares: Vec<Held> = Vec::new();
-    let mut committing: Option<Committing> = None;
-    let mut awaiting_since: Option<Instant> = None;
-    let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
-    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut flush_due = false;
-    let (mut sync_due, mut unsynced) = (false, false);
-    // A granted worker whose allowance is spent holds its next line until more comes.
-    let mut grants = ctx.quota.grants();
-    let mut waiting_for_tokens = false;
-    let mut all_sent = false;
+/// One run of a shard: what its loop keeps from one turn to the next.
+struct ShardRun<'a> {
+    ctx: &'a ExecContext,
+    spec: &'a BatchSpec,
+    shard: &'a Shard,
+    ledger: &'a ShardLedger,
+    writer: ChunkWriter,
+    input: NumberedLines,
+    /// The next request to send, read ahead.
+    ready: Option<Ready>,
+    in_flight: FuturesUnordered<InFlight<'a>>,
+    /// Lines are still sent: neither stopped nor expired.
+    dispatching: bool,
+    /// Once dispatch stopped: when the lines still in flight are abandoned.
+    grace_ends: Option<Instant>,
+    /// Permits of lines recorded but not durable yet, and since when the first waits.
+    awaiting: Vec<Held>,
+    awaiting_since: Option<Instant>,
+    /// Permits of lines made durable, free for the next lines.
+    spares: Vec<Held>,
+    committing: Option<Committing>,
+    /// Timers made once and reset, not one per turn of the loop: registering a timer
+    /// takes the time driver's lock, and the loop turns once per line.
+    expiry: Pin<Box<Sleep>>,
+    group_due: Pin<Box<Sleep>>,
+    flush: Interval,
+    flush_due: bool,
+    /// A journal is synced at the checkpoint interval, with the commit under way then:
+    /// one is due, and one was left out since the last sync.
+    sync_due: bool,
+    unsynced: bool,
+    /// A granted worker whose allowance is spent holds its next line until more comes.
+    grants: Option<watch::Receiver<(u64, bool)>>,
+    waiting_for_tokens: bool,
+    all_sent: bool,
+}
 
-    loop {
-        // Read ahead to the next request that has no record yet, settling at once
-        // those that need no upstream.
-        while dispatching && ready.is_none() && !full(&writer) {
-            let Some((index, line)) = input.next().await? else { break };
-            let recorded = ledger.recorded.get(index as usize).copied().unwrap_or(true);
-            match classify(&line, recorded, |model| ctx.upstreams.route(model)) {
+/// What woke the loop.
+enum Event {
+    /// Stopped or expired: no more lines are sent.
+    Stop,
+    Committed(Result<Fence, StorageError>),
+    Answered(Done),
+    /// The checkpoint interval.
+    Flush,
+    Permit(OwnedSemaphorePermit),
+    /// A group's wait or the allowance changed: look again.
+    Look,
+    GraceOver,
+}
+
+impl<'a> ShardRun<'a> {
+    fn new(
+        ctx: &'a ExecContext,
+        spec: &'a BatchSpec,
+        shard: &'a Shard,
+        ledger: &'a ShardLedger,
+        writer: ChunkWriter,
+        input: NumberedLines,
+    ) -> Self {
+        let mut flush = tokio::time::interval(ctx.settings.checkpoint_interval);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            ctx,
+            spec,
+            shard,
+            ledger,
+            writer,
+            input,
+            ready: None,
+            in_flight: FuturesUnordered::new(),
+            dispatching: true,
+            grace_ends: None,
+            awaiting: Vec::new(),
+            awaiting_since: None,
+            spares: Vec::new(),
+            committing: None,
+            expiry: Box::pin(tokio::time::sleep_until(deadline_at(spec.expires_at))),
+            group_due: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            flush,
+            flush_due: false,
+            sync_due: false,
+            unsynced: false,
+            grants: ctx.quota.grants(),
+            waiting_for_tokens: false,
+            all_sent: false,
+        }
+    }
+
+    async fn run(
+        mut self,
+        stop: &CancellationToken,
+        dispatched: &(dyn Fn() + Send + Sync),
+    ) -> Result<ShardExit, ExecError> {
+        loop {
+            self.read_ahead().await?;
+            if !self.all_sent && self.ready.is_none() && (self.input.done || !self.dispatching) {
+                self.all_sent = true;
+                dispatched();
+            }
+            self.start_commit();
+            let nothing_to_send = !self.dispatching || (self.ready.is_none() && self.input.done);
+            if self.in_flight.is_empty() && self.committing.is_none() && nothing_to_send {
+                break;
+            }
+            if self.send_on_spare() {
+                continue;
+            }
+            self.spares.clear();
+            match self.next_event(stop).await {
+                Event::Stop => {
+                    self.dispatching = false;
+                    self.grace_ends = Some(Instant::now() + self.ctx.settings.cancel_grace);
+                }
+                Event::Committed(fence) => {
+                    let done = self.committing.take().expect("a commit was under way");
+                    match fence? {
+                        Fence::Owner => self.spares.extend(done.permits),
+                        Fence::Superseded => return Ok(superseded(self.spec, self.shard, self.in_flight.len())),
+                    }
+                }
+                Event::Answered(done) => self.answered(done),
+                Event::Flush => {
+                    self.flush_due = true;
+                    self.sync_due = self.unsynced;
+                }
+                Event::Permit(permit) => {
+                    let request = self.ready.take().expect("a permit is asked for a ready line");
+                    self.send(request, permit);
+                }
+                Event::Look => {}
+                Event::GraceOver => {
+                    // Lines still in flight are abandoned: they have no record, and the
+                    // drain that follows accounts for them.
+                    let abandoned = self.in_flight.len();
+                    tracing::warn!(batch = %self.spec.id, shard = self.shard.index, abandoned, "grace period over");
+                    break;
+                }
+            }
+        }
+        self.finish().await
+    }
+
+    /// Reads ahead to the next request that has no record yet, settling at once those
+    /// that need no upstream.
+    async fn read_ahead(&mut self) -> Result<(), ExecError> {
+        while self.dispatching && self.ready.is_none() && !full(&self.writer) {
+            let Some((index, line)) = self.input.next().await? else { break };
+            let recorded = self.ledger.recorded.get(index as usize).copied().unwrap_or(true);
+            match classify(&line, recorded, |model| self.ctx.upstreams.route(model)) {
                 Step::Recorded => {}
                 Step::Settle { custom_id, failure } => {
-                    record(ctx, spec, shard, &mut writer, index, &custom_id, LineOutcome::Failure(failure));
+                    let outcome = LineOutcome::Failure(failure);
+                    record(self.ctx, self.spec, self.shard, &mut self.writer, index, &custom_id, outcome);
                 }
-                Step::Send { custom_id, upstream, body } => ready = Some(Ready { index, custom_id, upstream, body }),
+                Step::Send { custom_id, upstream, body } => {
+                    self.ready = Some(Ready { index, custom_id, upstream, body });
+                }
             }
         }
-        if !all_sent && ready.is_none() && (input.done || !dispatching) {
-            all_sent = true;
-            dispatched();
-        }
-        let group_ready = !awaiting.is_empty()
-            && (awaiting.len() >= in_flight.len() || awaiting_since.is_some_and(|since| since.elapsed() >= GROUP_WAIT));
-        if committing.is_none()
-            && (group_ready || flush_due || full(&writer) || !dispatching)
-            && let Some(mut group) = writer.take_group()
-        {
-            // A journal is synced at the checkpoint interval, with the commit under way then.
-            group.sync = std::mem::take(&mut sync_due);
-            unsynced = !group.sync;
-            let group = Arc::new(group);
-            let write = Box::pin(commit_durably(group.clone(), spec.id.clone(), shard.index, None));
-            committing = Some(Committing { group, write, permits: std::mem::take(&mut awaiting) });
-            awaiting_since = None;
-            flush_due = false;
-        }
-        if in_flight.is_empty() && committing.is_none() && (!dispatching || (ready.is_none() && input.done)) {
-            break;
-        }
-        // A permit that a commit just freed goes to the next line of the same upstream
-        // on the spot: at full concurrency this is the common case, and it saves a
-        // wake-up of another task per line. The others go back to their upstreams.
-        if dispatching
-            && !waiting_for_tokens
-            && let Some(request) = ready.take()
-        {
-            match take_spare(ctx, &mut spares, request.upstream) {
-                Some(permit) => {
-                    ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
-                    waiting_for_tokens = ready.is_some();
-                    continue;
-                }
-                None => ready = Some(request),
-            }
-        }
-        spares.clear();
+        Ok(())
+    }
 
+    /// Starts a group commit, if none is under way and one is due: enough lines wait
+    /// for it, or the first has waited long enough, or the interval came, or the chunk
+    /// is full, or dispatch stopped.
+    fn start_commit(&mut self) {
+        let group_ready = !self.awaiting.is_empty()
+            && (self.awaiting.len() >= self.in_flight.len()
+                || self.awaiting_since.is_some_and(|since| since.elapsed() >= GROUP_WAIT));
+        let due = group_ready || self.flush_due || full(&self.writer) || !self.dispatching;
+        if self.committing.is_some() || !due {
+            return;
+        }
+        let Some(mut group) = self.writer.take_group() else { return };
+        group.sync = std::mem::take(&mut self.sync_due);
+        self.unsynced = !group.sync;
+        let group = Arc::new(group);
+        let write = Box::pin(commit_durably(group.clone(), self.spec.id.clone(), self.shard.index, None));
+        self.committing = Some(Committing { group, write, permits: std::mem::take(&mut self.awaiting) });
+        self.awaiting_since = None;
+        self.flush_due = false;
+    }
+
+    /// A permit that a commit just freed goes to the next line of the same upstream
+    /// on the spot: at full concurrency this is the common case, and it saves a
+    /// wake-up of another task per line (the others go back to their upstreams).
+    /// Whether a line went.
+    fn send_on_spare(&mut self) -> bool {
+        if !self.dispatching || self.waiting_for_tokens {
+            return false;
+        }
+        let Some(request) = self.ready.take() else { return false };
+        match take_spare(self.ctx, &mut self.spares, request.upstream) {
+            Some(permit) => {
+                self.send(request, permit);
+                true
+            }
+            None => {
+                self.ready = Some(request);
+                false
+            }
+        }
+    }
+
+    fn send(&mut self, request: Ready, permit: OwnedSemaphorePermit) {
+        self.ready = launch(self.ctx, self.spec, self.shard, &mut self.writer, &mut self.in_flight, request, permit);
+        self.waiting_for_tokens = self.ready.is_some();
+    }
+
+    fn answered(&mut self, done: Done) {
+        // A line in flight no longer counts against the allowance: look again.
+        self.waiting_for_tokens = false;
+        record(self.ctx, self.spec, self.shard, &mut self.writer, done.index, &done.custom_id, done.outcome);
+        self.awaiting.push((done.upstream, done.permit));
+        if self.awaiting_since.is_none() {
+            let now = Instant::now();
+            self.awaiting_since = Some(now);
+            self.group_due.as_mut().reset(now + GROUP_WAIT);
+        }
+    }
+
+    /// Waits for what comes first: stop or expiry, a commit done, a line answered, a
+    /// timer, a permit for the ready line, more allowance, the grace period's end.
+    async fn next_event(&mut self, stop: &CancellationToken) -> Event {
         // A line waiting for its upstream is counted as queued, so that other shards
         // hand their spare permits back instead of keeping them.
         let mut queued = None;
-        let permits = ready.as_ref().map(|r| match r.upstream {
+        let wants_permit = self.dispatching && !self.waiting_for_tokens;
+        let permits = self.ready.as_ref().map(|ready| match ready.upstream {
             Some(position) => {
-                let limiter = &ctx.upstreams.get(position).limiter;
+                let limiter = &self.ctx.upstreams.get(position).limiter;
                 limiter.want();
-                if dispatching && !waiting_for_tokens {
+                if wants_permit {
                     queued = Some(limiter.queue());
                 }
                 limiter.semaphore().clone()
             }
-            None => ctx.echo_permits.clone(),
+            None => self.ctx.echo_permits.clone(),
         });
-        tokio::select! {
+        let waiting = self.committing.is_none() && self.awaiting_since.is_some();
+        let event = tokio::select! {
             biased;
-            _ = stop.cancelled(), if dispatching => {
-                dispatching = false;
-                grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
+            _ = stop.cancelled(), if self.dispatching => Event::Stop,
+            () = &mut self.expiry, if self.dispatching => Event::Stop,
+            fence = commit_done(&mut self.committing) => Event::Committed(fence),
+            Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => Event::Answered(done),
+            () = &mut self.group_due, if waiting => Event::Look,
+            _ = self.flush.tick() => Event::Flush,
+            permit = acquire(permits), if wants_permit && self.ready.is_some() => Event::Permit(permit),
+            () = next_grant(&mut self.grants), if self.waiting_for_tokens => {
+                self.waiting_for_tokens = false;
+                Event::Look
             }
-            () = &mut expiry, if dispatching => {
-                dispatching = false;
-                grace_ends = Some(Instant::now() + ctx.settings.cancel_grace);
-            }
-            fence = commit_done(&mut committing) => {
-                let done = committing.take().expect("a commit was under way");
-                match fence? {
-                    Fence::Owner => spares.extend(done.permits),
-                    Fence::Superseded => return Ok(superseded(spec, shard, in_flight.len())),
-                }
-            }
-            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                // A line in flight no longer counts against the allowance: look again.
-                waiting_for_tokens = false;
-                record(ctx, spec, shard, &mut writer, done.index, &done.custom_id, done.outcome);
-                awaiting.push((done.upstream, done.permit));
-                if awaiting_since.is_none() {
-                    let now = Instant::now();
-                    awaiting_since = Some(now);
-                    group_due.as_mut().reset(now + GROUP_WAIT);
-                }
-            }
-            () = &mut group_due, if committing.is_none() && awaiting_since.is_some() => {}
-            _ = flush.tick() => {
-                flush_due = true;
-                sync_due = unsynced;
-            }
-            permit = acquire(permits), if dispatching && ready.is_some() && !waiting_for_tokens => {
-                let request = ready.take().expect("guarded by ready.is_some()");
-                ready = launch(ctx, spec, shard, &mut writer, &mut in_flight, request, permit);
-                waiting_for_tokens = ready.is_some();
-            }
-            () = next_grant(&mut grants), if waiting_for_tokens => {
-                waiting_for_tokens = false;
-            }
-            _ = sleep_until_option(grace_ends), if grace_ends.is_some() => {
-                // Lines still in flight are abandoned: they have no record, and the
-                // drain that follows accounts for them.
-                tracing::warn!(batch = %spec.id, shard = shard.index, abandoned = in_flight.len(), "grace period over");
-                break;
-            }
-        }
+            _ = sleep_until_option(self.grace_ends), if self.grace_ends.is_some() => Event::GraceOver,
+        };
         drop(queued);
+        event
     }
-    // What is recorded is committed, with a few tries left for storage (a commit
-    // still trying when the grace period ended is tried again from the start).
-    let unfinished = committing.take().map(|committing| committing.group);
-    let last = writer.take_group().map(|mut group| {
-        group.sync = true;
-        Arc::new(group)
-    });
-    let synced = last.is_some();
-    for group in unfinished.into_iter().chain(last) {
-        if commit_durably(group, spec.id.clone(), shard.index, Some(FINAL_ATTEMPTS)).await? == Fence::Superseded {
-            return Ok(superseded(spec, shard, 0));
+
+    /// What is recorded is committed, with a few tries left for storage (a commit
+    /// still trying when the grace period ended is tried again from the start).
+    async fn finish(mut self) -> Result<ShardExit, ExecError> {
+        let unfinished = self.committing.take().map(|committing| committing.group);
+        let last = self.writer.take_group().map(|mut group| {
+            group.sync = true;
+            Arc::new(group)
+        });
+        let synced = last.is_some();
+        for group in unfinished.into_iter().chain(last) {
+            let fence = commit_durably(group, self.spec.id.clone(), self.shard.index, Some(FINAL_ATTEMPTS)).await?;
+            if fence == Fence::Superseded {
+                return Ok(superseded(self.spec, self.shard, 0));
+            }
         }
+        if self.unsynced
+            && !synced
+            && let Some(journal) = self.writer.journal()
+        {
+            self.ctx.store.sync(journal).await?;
+        }
+        let finished = self.dispatching && self.input.done && self.in_flight.is_empty();
+        Ok(if finished { ShardExit::Finished } else { ShardExit::Stopped })
     }
-    if unsynced
-        && !synced
-        && let Some(journal) = writer.journal()
-    {
-        ctx.store.sync(journal).await?;
-    }
-    Ok(if dispatching && input.done && in_flight.is_empty() { ShardExit::Finished } else { ShardExit::Stopped })
 }
 
 /// Whether the records waiting are as many as a chunk may hold.

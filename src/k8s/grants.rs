@@ -207,7 +207,6 @@ async fn share_quotas(
     seen: &BTreeMap<String, Seen>,
     final_usage: &mut HashMap<(String, u32), u64>,
 ) -> Result<BTreeMap<String, TokenGrant>, ExecError> {
-    let store = ctx.exec.store.as_ref();
     let unfinished: std::collections::HashSet<String> = batches
         .state()
         .iter()
@@ -234,74 +233,85 @@ async fn share_quotas(
         };
         let live: Vec<(String, u32)> =
             workers.iter().filter_map(|job| Some((job.labels().get(BATCH_LABEL)?.clone(), job_shard(job)?))).collect();
-        // Committed outside the running workers' shards.
-        let mut committed = 0;
-        let mut shard_usage: HashMap<(String, u32), u64> = HashMap::new();
-        for batch in batches.state().iter().filter(|b| b.spec.batch.project_id.as_str() == project_id) {
-            let Some(status) = &batch.status else { continue };
-            let name = resource_name(&batch.spec.batch.id);
-            if status.status.is_terminal() {
-                committed += status.usage.total_tokens;
-                continue;
-            }
-            for shard in &batch.spec.batch.plan.shards {
-                let key = (name.clone(), shard.index);
-                let usage = match final_usage.get(&key) {
-                    Some(usage) => *usage,
-                    None => {
-                        let ledger = ctx
-                            .exec
-                            .checkpoints
-                            .ledger(store, &batch.spec.batch.id, shard.index, shard.requests)
-                            .await?;
-                        if ledger.is_complete() && !live.contains(&key) {
-                            final_usage.insert(key.clone(), ledger.usage.total_tokens);
-                        }
-                        ledger.usage.total_tokens
-                    }
-                };
-                if live.contains(&key) {
-                    shard_usage.insert(key, usage);
-                } else {
-                    committed += usage;
-                }
-            }
-        }
-        let runs: Vec<TokenRun> = workers
-            .iter()
-            .map(|job| {
-                let name = job.name_any();
-                let key = (job.labels().get(BATCH_LABEL).cloned().unwrap_or_default(), job_shard(job).unwrap_or(0));
-                let worker = seen.get(&name).cloned().unwrap_or_default();
-                match worker.acked.filter(|ack| !ack.run.is_empty()) {
-                    Some(ack) => {
-                        let tokens = ack.tokens.clone().unwrap_or_default();
-                        let granted = worker.granted.tokens.filter(|t| t.run == ack.run).map_or(0, |t| t.allowance);
-                        TokenRun {
-                            worker: name,
-                            run: ack.run,
-                            base: tokens.base,
-                            spent: tokens.spent,
-                            allowance: granted,
-                            waiting: tokens.waiting,
-                        }
-                    }
-                    // No run has answered: what its shard committed counts, and any
-                    // allowance an earlier run may still be spending.
-                    None => TokenRun {
-                        worker: name,
-                        base: shard_usage.get(&key).copied().unwrap_or(0),
-                        allowance: worker.granted.tokens.map_or(0, |t| t.allowance),
-                        ..TokenRun::default()
-                    },
-                }
-            })
-            .collect();
+        let (committed, shard_usage) = project_usage(ctx, batches, &project_id, &live, final_usage).await?;
+        let runs: Vec<TokenRun> = workers.iter().map(|job| token_run(job, seen, &shard_usage)).collect();
         let next = divide_tokens(quota, committed, &runs);
         tracing::debug!(project = %project_id, quota, committed, ?runs, ?next, "quota shared");
         grants.extend(next);
     }
     Ok(grants)
+}
+
+/// What a project's batches used: the tokens committed outside the `live` shards (those
+/// of running workers), and each live shard's own.
+async fn project_usage(
+    ctx: &Context,
+    batches: &Store<BatchResource>,
+    project_id: &str,
+    live: &[(String, u32)],
+    final_usage: &mut HashMap<(String, u32), u64>,
+) -> Result<(u64, HashMap<(String, u32), u64>), ExecError> {
+    let store = ctx.exec.store.as_ref();
+    let mut committed = 0;
+    let mut shard_usage: HashMap<(String, u32), u64> = HashMap::new();
+    for batch in batches.state().iter().filter(|b| b.spec.batch.project_id.as_str() == project_id) {
+        let Some(status) = &batch.status else { continue };
+        let name = resource_name(&batch.spec.batch.id);
+        if status.status.is_terminal() {
+            committed += status.usage.total_tokens;
+            continue;
+        }
+        for shard in &batch.spec.batch.plan.shards {
+            let key = (name.clone(), shard.index);
+            let usage = match final_usage.get(&key) {
+                Some(usage) => *usage,
+                None => {
+                    let ledger =
+                        ctx.exec.checkpoints.ledger(store, &batch.spec.batch.id, shard.index, shard.requests).await?;
+                    if ledger.is_complete() && !live.contains(&key) {
+                        final_usage.insert(key.clone(), ledger.usage.total_tokens);
+                    }
+                    ledger.usage.total_tokens
+                }
+            };
+            if live.contains(&key) {
+                shard_usage.insert(key, usage);
+            } else {
+                committed += usage;
+            }
+        }
+    }
+    Ok((committed, shard_usage))
+}
+
+/// A running worker as the quota's division sees it: its run's acknowledged spending, or
+/// before any run answered, what its shard committed.
+fn token_run(job: &Job, seen: &BTreeMap<String, Seen>, shard_usage: &HashMap<(String, u32), u64>) -> TokenRun {
+    let name = job.name_any();
+    let key = (job.labels().get(BATCH_LABEL).cloned().unwrap_or_default(), job_shard(job).unwrap_or(0));
+    let worker = seen.get(&name).cloned().unwrap_or_default();
+    match worker.acked.filter(|ack| !ack.run.is_empty()) {
+        Some(ack) => {
+            let tokens = ack.tokens.clone().unwrap_or_default();
+            let granted = worker.granted.tokens.filter(|t| t.run == ack.run).map_or(0, |t| t.allowance);
+            TokenRun {
+                worker: name,
+                run: ack.run,
+                base: tokens.base,
+                spent: tokens.spent,
+                allowance: granted,
+                waiting: tokens.waiting,
+            }
+        }
+        // No run has answered: what its shard committed counts, and any allowance an
+        // earlier run may still be spending.
+        None => TokenRun {
+            worker: name,
+            base: shard_usage.get(&key).copied().unwrap_or(0),
+            allowance: worker.granted.tokens.map_or(0, |t| t.allowance),
+            ..TokenRun::default()
+        },
+    }
 }
 
 /// The grants in storage: what a previous leader gave.

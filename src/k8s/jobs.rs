@@ -9,6 +9,7 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
+use crate::batches::BatchSpec;
 use crate::config::WorkerTemplate;
 use crate::drive::WorkerPhase;
 use crate::validate::Shard;
@@ -38,8 +39,37 @@ pub fn shard_job(
     template: &WorkerTemplate,
     quota_left: Option<u64>,
 ) -> Job {
-    let spec = &batch.spec.batch;
-    // Standard labels first, then the operator's own, then Nightshift's, which win.
+    let labels = worker_labels(&batch.spec.batch, shard, attempt, template);
+    let mut job_labels = labels.clone();
+    if let Some(queue) = &template.queue_name {
+        job_labels.insert(QUEUE_LABEL.to_owned(), queue.clone());
+    }
+    let name = job_name(batch, shard.index, attempt);
+    let args = worker_args(&batch.spec.batch, shard, template, quota_left, &name);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: batch.metadata.namespace.clone(),
+            labels: Some(job_labels),
+            owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(template.backoff_limit),
+            active_deadline_seconds: template.active_deadline_seconds,
+            ttl_seconds_after_finished: template.ttl_seconds_after_finished,
+            // Admitted (unsuspended) by someone else; the controller never changes it.
+            suspend: (template.suspend || template.queue_name.is_some()).then_some(true),
+            template: worker_pod(template, labels, worker_container(template, args)),
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A worker pod's labels: the standard ones first, then the operator's own, then
+/// Nightshift's, which win.
+fn worker_labels(spec: &BatchSpec, shard: &Shard, attempt: u32, template: &WorkerTemplate) -> BTreeMap<String, String> {
     let mut labels: BTreeMap<String, String> = [
         ("app.kubernetes.io/name", "nightshift"),
         ("app.kubernetes.io/component", "worker"),
@@ -55,10 +85,17 @@ pub fn shard_job(
         (SHARD_LABEL.to_owned(), shard.index.to_string()),
         (ATTEMPT_LABEL.to_owned(), attempt.to_string()),
     ]);
-    let mut job_labels = labels.clone();
-    if let Some(queue) = &template.queue_name {
-        job_labels.insert(QUEUE_LABEL.to_owned(), queue.clone());
-    }
+    labels
+}
+
+/// `nightshift worker`'s arguments for `shard`, its grant named after its Job.
+fn worker_args(
+    spec: &BatchSpec,
+    shard: &Shard,
+    template: &WorkerTemplate,
+    quota_left: Option<u64>,
+    job: &str,
+) -> Vec<String> {
     let mut args = vec![
         "worker".to_owned(),
         format!("--config={}", template.config_path),
@@ -76,11 +113,14 @@ pub fn shard_job(
     if let Some(left) = quota_left {
         args.push(format!("--quota-tokens-left={left}"));
     }
-    let name = job_name(batch, shard.index, attempt);
-    args.push(format!("--grant-name={name}"));
+    args.push(format!("--grant-name={job}"));
     if let Some(port) = template.metrics_port {
         args.push(format!("--metrics-listen=0.0.0.0:{port}"));
     }
+    args
+}
+
+fn worker_container(template: &WorkerTemplate, args: Vec<String>) -> Container {
     let ports = template.metrics_port.map(|port| {
         vec![ContainerPort {
             name: Some("metrics".into()),
@@ -88,7 +128,7 @@ pub fn shard_job(
             ..ContainerPort::default()
         }]
     });
-    let container = Container {
+    Container {
         name: "worker".to_owned(),
         image: Some(template.image.clone()),
         image_pull_policy: template.image_pull_policy.clone(),
@@ -99,47 +139,31 @@ pub fn shard_job(
         security_context: template.security_context.clone(),
         ports,
         ..Container::default()
-    };
-    Job {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: batch.metadata.namespace.clone(),
-            labels: Some(job_labels),
-            owner_references: batch.controller_owner_ref(&()).map(|owner| vec![owner]),
+    }
+}
+
+fn worker_pod(template: &WorkerTemplate, labels: BTreeMap<String, String>, container: Container) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: (!template.annotations.is_empty()).then(|| template.annotations.clone()),
             ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(template.backoff_limit),
-            active_deadline_seconds: template.active_deadline_seconds,
-            ttl_seconds_after_finished: template.ttl_seconds_after_finished,
-            // Admitted (unsuspended) by someone else; the controller never changes it.
-            suspend: (template.suspend || template.queue_name.is_some()).then_some(true),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    annotations: (!template.annotations.is_empty()).then(|| template.annotations.clone()),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
-                    service_account_name: template.service_account_name.clone(),
-                    image_pull_secrets: (!template.image_pull_secrets.is_empty())
-                        .then(|| template.image_pull_secrets.clone()),
-                    // Progress and checkpoints travel through object storage.
-                    automount_service_account_token: Some(false),
-                    containers: vec![container],
-                    volumes: (!template.volumes.is_empty()).then(|| template.volumes.clone()),
-                    node_selector: (!template.node_selector.is_empty()).then(|| template.node_selector.clone()),
-                    tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
-                    affinity: template.affinity.clone(),
-                    priority_class_name: template.priority_class_name.clone(),
-                    security_context: template.pod_security_context.clone(),
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
         }),
-        status: None,
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".to_owned()),
+            service_account_name: template.service_account_name.clone(),
+            image_pull_secrets: (!template.image_pull_secrets.is_empty()).then(|| template.image_pull_secrets.clone()),
+            // Progress and checkpoints travel through object storage.
+            automount_service_account_token: Some(false),
+            containers: vec![container],
+            volumes: (!template.volumes.is_empty()).then(|| template.volumes.clone()),
+            node_selector: (!template.node_selector.is_empty()).then(|| template.node_selector.clone()),
+            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            affinity: template.affinity.clone(),
+            priority_class_name: template.priority_class_name.clone(),
+            security_context: template.pod_security_context.clone(),
+            ..PodSpec::default()
+        }),
     }
 }
 

@@ -57,18 +57,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     check_crds(&client, &namespace).await?;
 
     // Probes answer from the start: a standby replica is healthy while it waits to lead.
-    let probes = tokio::net::TcpListener::bind(args.probe_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.probe_listen))?;
-    tokio::spawn(async move {
-        let router = axum::Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .route("/readyz", axum::routing::get(|| async { "ok" }))
-            .route("/metrics", axum::routing::get(crate::api::metrics));
-        if let Err(error) = axum::serve(probes, router).await {
-            tracing::error!(%error, "the probe server stopped");
-        }
-    });
+    serve_probes(args.probe_listen).await?;
 
     let timing = Timing::for_lease(args.lease_seconds);
     let mut leader = LeaderElection::new(client.clone(), &namespace, LEASE_NAME, &identity, timing);
@@ -119,4 +108,19 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         // Returning ends the process: every task of this leader stops with it.
         () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
     }
+}
+
+/// `/healthz`, `/readyz` and `/metrics` on `address`, for as long as the process runs.
+async fn serve_probes(address: std::net::SocketAddr) -> anyhow::Result<()> {
+    let probes = tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;
+    tokio::spawn(async move {
+        let router = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/readyz", axum::routing::get(|| async { "ok" }))
+            .route("/metrics", axum::routing::get(crate::api::metrics));
+        if let Err(error) = axum::serve(probes, router).await {
+            tracing::error!(%error, "the probe server stopped");
+        }
+    });
+    Ok(())
 }

@@ -19,14 +19,7 @@ use crate::runner::Runner;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config.storage).await?;
-    let mut project_configs = config.projects.clone();
-    if project_configs.is_empty() {
-        let dev = crate::dev::load_or_create(store.as_ref()).await.context("cannot set up the dev project")?;
-        println!("No projects configured: using the dev project.");
-        println!("  x-project-id: {}", dev.project_id);
-        println!("  x-api-key:    {}", dev.api_key);
-        project_configs.push(dev.project());
-    }
+    let project_configs = projects_or_dev(&config, store.as_ref()).await?;
     let files = FileCatalog::new(store.clone(), config.files.retention);
     let batches = Arc::new(EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?);
     let projects = Projects::from_config(&project_configs);
@@ -41,15 +34,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let exec = exec.clone();
         async move { crate::exec::permits::govern_all(&exec.upstreams, &exec.client, Mode::Local).await }
     });
-    let runner = Arc::new(
-        Runner::new(
-            batches.clone(),
-            exec,
-            config.batches.reconcile_interval,
-            config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards),
-        )
-        .scheduled(config.batches.scheduling, project_configs.iter().map(|p| (p.id.clone(), p.weight)).collect()),
-    );
+    let max_running_shards =
+        config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards);
+    let weights = project_configs.iter().map(|p| (p.id.clone(), p.weight)).collect();
+    let runner = Runner::new(batches.clone(), exec, config.batches.reconcile_interval, max_running_shards);
+    let runner = Arc::new(runner.scheduled(config.batches.scheduling, weights));
     let state = AppState {
         projects: Arc::new(ProjectDirectory::new(projects)),
         files: files.clone(),
@@ -83,10 +72,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     println!("Nightshift listening on http://{address}");
     tracing::info!(%address, "serving");
     api::server::serve(listener, api::router(state), &config.http, shutdown_signal()).await?;
-    gc.abort();
-    webhooks.abort();
-    retention.abort();
-    reconciler.abort();
-    control.abort();
+    for task in [gc, webhooks, retention, reconciler, control] {
+        task.abort();
+    }
     Ok(())
+}
+
+/// The configured projects, or with none, the dev project (made once, kept in storage),
+/// whose id and key are printed.
+async fn projects_or_dev(
+    config: &Config,
+    store: &dyn crate::storage::ObjectStore,
+) -> anyhow::Result<Vec<crate::config::ProjectConfig>> {
+    if !config.projects.is_empty() {
+        return Ok(config.projects.clone());
+    }
+    let dev = crate::dev::load_or_create(store).await.context("cannot set up the dev project")?;
+    println!("No projects configured: using the dev project.");
+    println!("  x-project-id: {}", dev.project_id);
+    println!("  x-api-key:    {}", dev.api_key);
+    Ok(vec![dev.project()])
 }

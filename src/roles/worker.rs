@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -28,12 +27,12 @@ pub struct WorkerArgs {
     /// YAML configuration file: storage and upstreams.
     #[arg(long, env = "NIGHTSHIFT_CONFIG")]
     pub config: PathBuf,
-    #[arg(long)]
-    pub batch_id: String,
-    #[arg(long)]
-    pub project_id: String,
-    #[arg(long)]
-    pub input_file_id: String,
+    #[arg(long, value_parser = |id: &str| BatchId::parse(id).ok_or("not a batch id"))]
+    pub batch_id: BatchId,
+    #[arg(long, value_parser = |id: &str| ProjectId::parse(id).ok_or("not a UUID"))]
+    pub project_id: ProjectId,
+    #[arg(long, value_parser = |id: &str| FileId::parse(id).ok_or("not a file id"))]
+    pub input_file_id: FileId,
     /// The batch's endpoint: where its lines go on the upstream, and the shape the echo
     /// model answers in.
     #[arg(long, default_value = "/v1/chat/completions")]
@@ -69,70 +68,44 @@ pub struct WorkerArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
+impl WorkerArgs {
+    /// The shard this worker runs, and what of its batch a run needs.
+    fn task(&self) -> (BatchSpec, Shard) {
+        let spec = BatchSpec {
+            id: self.batch_id.clone(),
+            project_id: self.project_id.clone(),
+            input_file_id: self.input_file_id.clone(),
+            endpoint: self.endpoint.clone(),
+            completion_window: String::new(),
+            metadata: Default::default(),
+            created_at: 0,
+            expires_at: self.expires_at,
+            model: None,
+            output_expires_after: None,
+            plan: ShardPlan::default(),
+        };
+        let shard = Shard {
+            index: self.shard_index,
+            first_request: self.first_request,
+            requests: self.requests,
+            byte_start: self.byte_start,
+            byte_end: self.byte_end,
+        };
+        (spec, shard)
+    }
+}
+
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
     // The controller counts lines and tokens from the checkpoints: a pod may be gone
     // before its last scrape.
     crate::metrics::METRICS.count_from_checkpoints();
-    // Metrics are a view: a port that can't be had costs the view, not the shard.
     if let Some(address) = args.metrics_listen {
-        match tokio::net::TcpListener::bind(address).await {
-            Ok(listener) => {
-                tokio::spawn(async move {
-                    let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
-                    if let Err(error) = axum::serve(listener, router).await {
-                        tracing::warn!(%error, "the metrics server stopped");
-                    }
-                });
-            }
-            Err(error) => tracing::warn!(%address, %error, "cannot serve metrics; running the shard without"),
-        }
+        serve_metrics(address).await;
     }
-    let batch = BatchId::parse(&args.batch_id).context("--batch-id is not a batch id")?;
-    let project = ProjectId::parse(&args.project_id).context("--project-id is not a UUID")?;
-    let input = FileId::parse(&args.input_file_id).context("--input-file-id is not a file id")?;
-    let store = open_store(&config.storage).await?;
-    let files = FileCatalog::new(store.clone(), config.files.retention);
-    let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some()).map_err(anyhow::Error::msg)?;
-    // With grants, the controller says what this worker may spend (its project's quota
-    // shared by its running workers, or no bound); without, it may spend what was left
-    // when its Job was made.
-    let quota = match &args.grant_name {
-        Some(_) => QuotaLedger::granted(),
-        None => QuotaLedger::single(&project, args.quota_tokens_left),
-    };
-    let quota = Arc::new(quota);
-    let settings = ExecSettings::from_config(&config.batches);
-    let exec = ExecContext::new(store, files, upstreams, quota, settings);
-
-    let spec = BatchSpec {
-        id: batch,
-        project_id: project,
-        input_file_id: input,
-        endpoint: args.endpoint.clone(),
-        completion_window: String::new(),
-        metadata: Default::default(),
-        created_at: 0,
-        expires_at: args.expires_at,
-        model: None,
-        output_expires_after: None,
-        plan: ShardPlan::default(),
-    };
-    let shard = Shard {
-        index: args.shard_index,
-        first_request: args.first_request,
-        requests: args.requests,
-        byte_start: args.byte_start,
-        byte_end: args.byte_end,
-    };
-    // Kubernetes stops a pod with SIGTERM (a cancelled batch's Jobs are deleted):
-    // stop dispatching, let lines in flight finish, commit, exit.
-    let stop = CancellationToken::new();
-    let on_signal = stop.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.cancel();
-    });
+    let exec = exec_context(&config, &args).await?;
+    let (spec, shard) = args.task();
+    let stop = stop_on_signal();
     let ledger = exec.checkpoints.ledger(exec.store.as_ref(), &spec.id, shard.index, shard.requests).await?;
     tracing::info!(batch = %spec.id, shard = shard.index, done = ledger.recorded_count(), of = shard.requests, "worker starting");
     let run = args.grant_name.as_deref().map(|worker| grants::follow::Run {
@@ -167,4 +140,47 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Serves `/metrics` on `address` while the shard runs. Metrics are a view: a port that
+/// can't be had costs the view, not the shard.
+async fn serve_metrics(address: std::net::SocketAddr) {
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(listener) => {
+            tokio::spawn(async move {
+                let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
+                if let Err(error) = axum::serve(listener, router).await {
+                    tracing::warn!(%error, "the metrics server stopped");
+                }
+            });
+        }
+        Err(error) => tracing::warn!(%address, %error, "cannot serve metrics; running the shard without"),
+    }
+}
+
+async fn exec_context(config: &Config, args: &WorkerArgs) -> anyhow::Result<ExecContext> {
+    let store = open_store(&config.storage).await?;
+    let files = FileCatalog::new(store.clone(), config.files.retention);
+    let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some()).map_err(anyhow::Error::msg)?;
+    // With grants, the controller says what this worker may spend (its project's quota
+    // shared by its running workers, or no bound); without, it may spend what was left
+    // when its Job was made.
+    let quota = match &args.grant_name {
+        Some(_) => QuotaLedger::granted(),
+        None => QuotaLedger::single(&args.project_id, args.quota_tokens_left),
+    };
+    let settings = ExecSettings::from_config(&config.batches);
+    Ok(ExecContext::new(store, files, upstreams, Arc::new(quota), settings))
+}
+
+/// Kubernetes stops a pod with SIGTERM (a cancelled batch's Jobs are deleted): stop
+/// dispatching, let lines in flight finish, commit, exit.
+fn stop_on_signal() -> CancellationToken {
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
+    });
+    stop
 }

@@ -198,6 +198,19 @@ pub fn check(
             return Err(InvalidInput::at(n, format!("Line {n} is missing url"), Some("url")));
         }
     };
+    check_url(n, url, batch_url, endpoint, allowed)?;
+    check_body(n, &facts.body, url)
+}
+
+/// The line's url: the batch's (the first line's), or for the first line, an allowed
+/// endpoint that is the create request's.
+fn check_url(
+    n: u64,
+    url: &str,
+    batch_url: &mut Option<String>,
+    endpoint: &str,
+    allowed: Endpoints,
+) -> Result<(), InvalidInput> {
     match batch_url {
         Some(expected) if expected != url => {
             return Err(InvalidInput::at(
@@ -218,10 +231,15 @@ pub fn check(
             if endpoint != url {
                 return Err(endpoint_mismatch(endpoint, url));
             }
-            *batch_url = Some(url.clone().into_owned());
+            *batch_url = Some(url.to_string());
         }
     }
-    match facts.body {
+    Ok(())
+}
+
+/// The line's body: an object, not streamed, with the fields its url requires.
+fn check_body(n: u64, body: &Body<'_>, url: &str) -> Result<(), InvalidInput> {
+    match *body {
         Body::Missing | Body::NotObject | Body::Object { keys: 0, .. } => {
             Err(InvalidInput::at(n, format!("Line {n} is missing body"), Some("body")))
         }

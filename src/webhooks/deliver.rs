@@ -90,32 +90,7 @@ impl Deliverer {
         for (index, webhook, result) in attempts {
             let event_id = events[index].event.id.clone();
             let delivery = events[index].deliveries.entry(webhook.url.to_string()).or_default();
-            delivery.attempts += 1;
-            match result {
-                Ok(()) => {
-                    delivery.delivered_at = Some(now);
-                    delivery.last_error = None;
-                    METRICS.webhook_delivered();
-                }
-                Err(Attempt::Refused(error)) => {
-                    delivery.refused += 1;
-                    delivery.next_at = now + outbox::backoff(delivery.attempts);
-                    METRICS.webhook_refused();
-                    if delivery.is_closed() {
-                        tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused: gave up on it for this event");
-                        METRICS.webhook_gave_up();
-                    } else {
-                        tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused; fix webhooks.allowed_hosts or the URL");
-                    }
-                    delivery.last_error = Some(error);
-                }
-                Err(Attempt::Failed(error)) => {
-                    tracing::info!(event = %event_id, url = %webhook.url, %error, attempts = delivery.attempts, "webhook delivery failed; will retry");
-                    delivery.next_at = now + outbox::backoff(delivery.attempts);
-                    delivery.last_error = Some(error);
-                    METRICS.webhook_failed();
-                }
-            }
+            record(delivery, result, now, &event_id, &webhook);
             changed[index] = true;
         }
         let give_up_after = self.settings.give_up_after.as_secs() as i64;
@@ -179,4 +154,34 @@ enum Attempt {
     Refused(String),
     /// It was tried and failed (no answer, or not 2xx).
     Failed(String),
+}
+
+/// What an attempt to deliver `event_id` to `webhook` leaves on its delivery record.
+fn record(delivery: &mut Delivery, result: Result<(), Attempt>, now: UnixSeconds, event_id: &str, webhook: &Webhook) {
+    delivery.attempts += 1;
+    match result {
+        Ok(()) => {
+            delivery.delivered_at = Some(now);
+            delivery.last_error = None;
+            METRICS.webhook_delivered();
+        }
+        Err(Attempt::Refused(error)) => {
+            delivery.refused += 1;
+            delivery.next_at = now + outbox::backoff(delivery.attempts);
+            METRICS.webhook_refused();
+            if delivery.is_closed() {
+                tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused: gave up on it for this event");
+                METRICS.webhook_gave_up();
+            } else {
+                tracing::warn!(event = %event_id, url = %webhook.url, %error, "webhook endpoint refused; fix webhooks.allowed_hosts or the URL");
+            }
+            delivery.last_error = Some(error);
+        }
+        Err(Attempt::Failed(error)) => {
+            tracing::info!(event = %event_id, url = %webhook.url, %error, attempts = delivery.attempts, "webhook delivery failed; will retry");
+            delivery.next_at = now + outbox::backoff(delivery.attempts);
+            delivery.last_error = Some(error);
+            METRICS.webhook_failed();
+        }
+    }
 }
