@@ -38,7 +38,7 @@ fn key() -> Key {
 pub async fn load_or_create(store: &dyn ObjectStore) -> Result<DevCredentials, StorageError> {
     match store.get(&key()).await {
         Ok(bytes) => {
-            serde_json::from_slice(&bytes).map_err(|e| StorageError::Backend(format!("dev/credentials.json: {e}")))
+            serde_json::from_slice(&bytes).map_err(|e| StorageError::Corrupt(format!("dev/credentials.json: {e}")))
         }
         Err(StorageError::NotFound(_)) => {
             let secret: [u8; 24] = rand::random();

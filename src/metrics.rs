@@ -39,6 +39,12 @@ pub struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// A closed set, named where the metric is counted.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalFailureLabels {
     pub upstream: String,
     /// `unreachable`, `invalid` or `stale`: a closed set.
@@ -102,6 +108,7 @@ pub struct Metrics {
     pub concurrency_limit: Family<UpstreamLabel, Gauge>,
     /// 1 while batch dispatch to an upstream holds for its interactive traffic.
     pub dispatch_held: Family<UpstreamLabel, Gauge>,
+    pub reconciles: Reconciles,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
     /// Whether this process counts lines and tokens as they are recorded (not on
@@ -118,6 +125,39 @@ fn latency_histogram() -> Histogram {
 fn http_histogram() -> Histogram {
     // 1 ms to ~65 s: a listing to a 100 MB upload.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The controller's passes over a Batch: how long each took, and those that failed, by
+/// reason (`kube`, `exec`, `storage`, `finalizer`).
+pub struct Reconciles {
+    pub duration: Histogram,
+    pub errors: Family<ReasonLabel, Counter>,
+}
+
+impl Reconciles {
+    fn register(registry: &mut Registry) -> Self {
+        let pass = "Time of each of the controller's passes over a Batch";
+        let failed = "The controller's passes over a Batch that failed, by reason";
+        Self {
+            duration: registered(registry, "reconcile_duration_seconds", pass, http_histogram()),
+            errors: registered(registry, "reconcile_errors", failed, Family::default()),
+        }
+    }
+}
+
+/// The night shift's metrics per upstream: load-signal failures, the limit now, and
+/// whether dispatch holds.
+fn register_night_shift(
+    r: &mut Registry,
+) -> (Family<SignalFailureLabels, Counter>, Family<UpstreamLabel, Gauge>, Family<UpstreamLabel, Gauge>) {
+    let failures = "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)";
+    let limit = "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that";
+    let held = "1 while an upstream's load signal says requests queue at it: batch dispatch backs off";
+    (
+        registered(r, "load_signal_failures", failures, Family::default()),
+        registered(r, "upstream_concurrency_limit", limit, Family::default()),
+        registered(r, "upstream_dispatch_held", held, Family::default()),
+    )
 }
 
 /// `metric`, registered under `name` (after the `nightshift_` prefix) with `help`.
@@ -159,12 +199,8 @@ impl Metrics {
         let webhook_deliveries = registered(r, "webhook_deliveries", deliveries, Family::default());
         let pending = "Webhook events not yet delivered to every endpoint, as of the last pass";
         let webhook_events_pending = registered(r, "webhook_events_pending", pending, Gauge::default());
-        let failures = "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)";
-        let load_signal_failures = registered(r, "load_signal_failures", failures, Family::default());
-        let limit = "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that";
-        let concurrency_limit = registered(r, "upstream_concurrency_limit", limit, Family::default());
-        let held = "1 while an upstream's load signal says requests queue at it: batch dispatch backs off";
-        let dispatch_held = registered(r, "upstream_dispatch_held", held, Family::default());
+        let (load_signal_failures, concurrency_limit, dispatch_held) = register_night_shift(r);
+        let reconciles = Reconciles::register(r);
         let build = "The running build: 1, labelled with its version";
         let build_info: Family<BuildLabels, Gauge> = registered(r, "build_info", build, Family::default());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
@@ -185,6 +221,7 @@ impl Metrics {
             load_signal_failures,
             concurrency_limit,
             dispatch_held,
+            reconciles,
             completed_lines,
             live: AtomicBool::new(true),
         }

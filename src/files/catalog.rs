@@ -79,7 +79,7 @@ fn listed_id(key: &Key, order: Order) -> Option<FileId> {
 }
 
 fn decode(bytes: &[u8]) -> Result<FileRecord, StorageError> {
-    serde_json::from_slice(bytes).map_err(|e| StorageError::Backend(format!("unreadable file record: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("unreadable file record: {e}")))
 }
 
 impl FileCatalog {

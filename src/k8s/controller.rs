@@ -22,6 +22,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::admission::share;
 use super::context::{Context, FIELD_MANAGER};
@@ -34,7 +35,9 @@ use crate::clock;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
+use crate::metrics::{METRICS, ReasonLabel};
 use crate::reconcile as decisions;
+use crate::storage::StorageError;
 use crate::validate::Shard;
 
 /// Removes a Batch's shard data from object storage before the Batch goes.
@@ -55,7 +58,7 @@ pub enum ControllerError {
     #[error(transparent)]
     Exec(#[from] ExecError),
     #[error(transparent)]
-    Storage(#[from] crate::storage::StorageError),
+    Storage(#[from] StorageError),
     #[error("finalizer: {0}")]
     Finalizer(String),
     /// Not an error: a step waits for something to finish (Jobs to go away).
@@ -186,14 +189,42 @@ where
 }
 
 impl ControllerError {
-    /// Whether trying again later can help. Corrupt shard data stays corrupt until someone
-    /// changes something: such a Batch is not requeued but waits for a change.
+    /// The metric's label for this failure (`None`: a step that waits, not a failure).
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            ControllerError::Kube(_) => Some("kube"),
+            ControllerError::Exec(_) => Some("exec"),
+            ControllerError::Storage(_) => Some("storage"),
+            ControllerError::Finalizer(_) => Some("finalizer"),
+            ControllerError::Waiting(_) => None,
+        }
+    }
+
+    /// Whether trying again later can help. Corrupt data (a shard's checkpoints, a file
+    /// record) stays corrupt until someone changes something: such a Batch is not
+    /// requeued but waits for a change.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, ControllerError::Exec(ExecError::Corrupt(_)))
+        matches!(
+            self,
+            ControllerError::Exec(ExecError::Corrupt(_) | ExecError::Storage(StorageError::Corrupt(_)))
+                | ControllerError::Storage(StorageError::Corrupt(_))
+        )
     }
 }
 
+/// One pass over a Batch, in a span that names it, timed and counted by outcome.
 async fn reconcile(batch: Arc<BatchResource>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let started = Instant::now();
+    let span = tracing::info_span!("reconcile", batch = %batch.name_any());
+    let result = reconcile_once(batch, ctx).instrument(span).await;
+    METRICS.reconciles.duration.observe(started.elapsed().as_secs_f64());
+    if let Some(reason) = result.as_ref().err().and_then(ControllerError::reason) {
+        METRICS.reconciles.errors.get_or_create(&ReasonLabel { reason }).inc();
+    }
+    result
+}
+
+async fn reconcile_once(batch: Arc<BatchResource>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let resource = batch.clone();
     match reconcile_finalized(batch, &ctx).await {
         Err(error) if error.is_permanent() => {
@@ -505,8 +536,11 @@ mod tests {
 
     #[test]
     fn only_what_a_retry_cannot_mend_is_permanent() {
-        let storage = crate::storage::StorageError::NotFound("k".into());
+        let storage = StorageError::NotFound("k".into());
         assert!(ControllerError::Exec(ExecError::Corrupt("bad checkpoint".into())).is_permanent());
+        let record = || StorageError::Corrupt("unreadable file record".into());
+        assert!(ControllerError::Exec(ExecError::Storage(record())).is_permanent(), "a corrupt file record");
+        assert!(ControllerError::Storage(record()).is_permanent());
         assert!(!ControllerError::Exec(ExecError::Storage(storage)).is_permanent());
         assert!(!ControllerError::Waiting("jobs").is_permanent());
         assert!(!ControllerError::Finalizer("conflict".into()).is_permanent());

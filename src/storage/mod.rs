@@ -64,6 +64,10 @@ pub enum StorageError {
     Io(#[from] std::io::Error),
     #[error("object store request failed: {0}")]
     Backend(String),
+    /// An object that does not read as what it should be (a record that does not
+    /// decode): trying again reads the same bytes.
+    #[error("corrupt object: {0}")]
+    Corrupt(String),
 }
 
 #[async_trait]

@@ -140,7 +140,7 @@ impl UploadStore {
         let id = UploadId::parse(raw_id).ok_or_else(not_found)?;
         match self.store().get(&record_key(project, &id)).await {
             Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| StorageError::Backend(format!("unreadable upload record {id}: {e}")).into()),
+                .map_err(|e| StorageError::Corrupt(format!("unreadable upload record {id}: {e}")).into()),
             Err(StorageError::NotFound(_)) => Err(not_found()),
             Err(error) => Err(error.into()),
         }
