@@ -12,6 +12,8 @@
 
 pub mod create;
 pub mod plan;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
