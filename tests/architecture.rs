@@ -30,7 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("running lines against upstreams", &["exec"]),
     ("dividing capacity, and the lifecycle's decisions", &["grants", "reconcile"]),
     ("driving batches through their lifecycle", &["drive"]),
-    ("the surfaces: HTTP, Kubernetes, serve's runtime", &["api", "k8s", "runner"]),
+    ("the surfaces: HTTP, Kubernetes, serve's runtime", &["api", "k8s", "serve_runtime"]),
     ("the roles of the binary", &["roles"]),
     ("the command line", &["cli"]),
 ];

@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
-use super::limits::ClientAddress;
+use super::rate_limits::ClientAddress;
 use crate::auth::{Credentials, Project};
 use crate::ids::RequestId;
 use crate::metrics::{HttpLabels, METRICS, RouteLabels};

@@ -1,15 +1,15 @@
 //! The HTTP API: one router per resource, merged, behind the shared layers.
 
 mod batches;
-mod drain;
 mod error;
 mod extract;
 mod files;
 mod idempotent;
-pub mod limits;
 mod list;
 mod middleware;
+pub mod rate_limits;
 pub mod server;
+mod shutdown;
 mod upload;
 mod uploads;
 
@@ -18,9 +18,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 
-pub use drain::Drain;
 pub use error::{ApiError, ErrorType};
 pub use middleware::REQUEST_ID_HEADER;
+pub use shutdown::Drain;
 
 use crate::auth::ProjectDirectory;
 use crate::batches::{BatchSettings, BatchStore};
@@ -47,7 +47,7 @@ pub struct AppState {
     /// Uploads and parts being received; when none is left, another is answered 429.
     pub receiving: Arc<tokio::sync::Semaphore>,
     /// Request rate limits (per project, and failed authentications per client).
-    pub limits: Arc<limits::RateLimits>,
+    pub limits: Arc<rate_limits::RateLimits>,
 }
 
 /// `/metrics`, in the OpenMetrics text format, served on an address of its own (see
@@ -72,13 +72,13 @@ pub fn router(state: AppState) -> Router {
         // Probes: no credentials, no dependencies checked beyond the process answering
         // (and, for readiness, not draining).
         .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route("/readyz", axum::routing::get(drain::readyz).with_state(drain.clone()))
+        .route("/readyz", axum::routing::get(shutdown::readyz).with_state(drain.clone()))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
         .layer(middleware::cors())
         .layer(from_fn(middleware::preflight_no_content))
         .layer(middleware::catch_panic())
-        .layer(from_fn_with_state(drain, drain::close_connections))
+        .layer(from_fn_with_state(drain, shutdown::close_connections))
         .layer(from_fn(middleware::request_id))
 }

@@ -7,7 +7,7 @@
 //! [`plan::plan`] says, drains, or finalizes.
 //!
 //! What differs between the runtimes is behind [`Runtime`]: `nightshift serve` runs
-//! workers as tasks and saves to its embedded store (`crate::runner`); the controller
+//! workers as tasks and saves to its embedded store (`crate::serve_runtime`); the controller
 //! runs them as Jobs and saves to the Batch's status (`crate::k8s::controller`).
 
 pub mod create;

@@ -6,7 +6,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
-pub mod grants;
+pub mod granting;
 pub mod guard;
 pub mod jobs;
 pub mod leader;

@@ -76,7 +76,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         idempotency: crate::idempotency::IdempotencyStore::new(files.store().clone()),
         uploads: crate::uploads::UploadStore::new(files.clone()),
         receiving: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
-        limits: Arc::new(api::limits::RateLimits::new(&config.http)),
+        limits: Arc::new(api::rate_limits::RateLimits::new(&config.http)),
     };
 
     let gc = tokio::spawn(super::gc::run_gc_loop(files, config.files.gc_interval, move || {

@@ -17,7 +17,7 @@ use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::context::Context;
 use crate::k8s::controller::{self, check_crds, reporter};
-use crate::k8s::grants::{UpstreamLimit, divide_limits};
+use crate::k8s::granting::{UpstreamLimit, divide_limits};
 use crate::k8s::leader::{LeaderElection, Timing};
 use crate::k8s::usage::sync_project_usage;
 use crate::quota::QuotaLedger;

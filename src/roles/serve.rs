@@ -15,7 +15,7 @@ use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::quota::QuotaLedger;
-use crate::runner::Runner;
+use crate::serve_runtime::Runner;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config.storage).await?;
@@ -51,7 +51,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         idempotency: crate::idempotency::IdempotencyStore::new(files.store().clone()),
         uploads: crate::uploads::UploadStore::new(files.clone()),
         receiving: Arc::new(tokio::sync::Semaphore::new(config.http.max_uploads)),
-        limits: Arc::new(api::limits::RateLimits::new(&config.http)),
+        limits: Arc::new(api::rate_limits::RateLimits::new(&config.http)),
     };
 
     let pins = runner.clone();

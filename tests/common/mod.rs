@@ -236,7 +236,7 @@ impl TestApp {
             idempotency: nightshift::idempotency::IdempotencyStore::new(store.clone()),
             uploads: nightshift::uploads::UploadStore::new(files.clone()),
             receiving: Arc::new(tokio::sync::Semaphore::new(64)),
-            limits: Arc::new(api::limits::RateLimits::new(&Default::default())),
+            limits: Arc::new(api::rate_limits::RateLimits::new(&Default::default())),
         };
         Self { router: api::router(state), store, files, batches }
     }

@@ -35,7 +35,7 @@ use self::clients::ClientSlots;
 use self::idle::Activity;
 use self::unparsed::{Enveloped, MAX_HEADERS};
 
-use super::limits::ClientAddress;
+use super::rate_limits::ClientAddress;
 use crate::config::HttpConfig;
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, gives
