@@ -1,5 +1,5 @@
 //! Object storage: one trait, two implementations (a local directory and S3) that pass
-//! the same conformance suite (`tests/storage_conformance.rs`).
+//! the same conformance suite (`tests/api/storage_conformance.rs`).
 //!
 //! Keys are `/`-separated paths of safe segments ([`Key`]). Writes go through an
 //! [`ObjectWriter`] that publishes the object only on [`ObjectWriter::finish`], so a

@@ -1,4 +1,4 @@
-"""The Batches API as the official OpenAI Python SDK sees it (run by tests/sdk_e2e.rs)."""
+"""The Batches API as the official OpenAI Python SDK sees it (run by tests/serve/sdk_e2e.rs)."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """The official OpenAI Python SDK configured only by its own environment variables,
 OPENAI_BASE_URL and OPENAI_API_KEY: no extra headers; and the expiry options
-(`expires_after`, `output_expires_after`) as the SDK sends them (run by tests/sdk_e2e.rs)."""
+(`expires_after`, `output_expires_after`) as the SDK sends them (run by tests/serve/sdk_e2e.rs)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The Files API as the official OpenAI Python SDK sees it (run by tests/sdk_e2e.rs)."""
+"""The Files API as the official OpenAI Python SDK sees it (run by tests/serve/sdk_e2e.rs)."""
 
 import os
 

@@ -1,5 +1,5 @@
 """A user's batch on Kubernetes: the official OpenAI SDK against `nightshift api`
-(run by tests/operator.rs). Prints one JSON summary line for the test to check."""
+(run by tests/cluster/operator.rs). Prints one JSON summary line for the test to check."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """The Uploads API through the official OpenAI Python SDK, configured only by its
-environment variables (run by tests/sdk_e2e.rs): a 150 MB batch input, past the 100 MB
+environment variables (run by tests/serve/sdk_e2e.rs): a 150 MB batch input, past the 100 MB
 file upload limit, sent with `client.uploads.upload_file_chunked` in 64 MB parts, checked
 by MD5, then run as a batch; and the refusals the SDK raises as typed errors."""
 

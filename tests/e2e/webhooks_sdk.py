@@ -1,4 +1,4 @@
-"""Webhooks verified by the official OpenAI Python SDK (run by tests/sdk_e2e.rs): a batch
+"""Webhooks verified by the official OpenAI Python SDK (run by tests/serve/sdk_e2e.rs): a batch
 run through the SDK (configured only by its environment variables) sends `batch.completed`
 to the receiver here; its first delivery is answered 500, and the retry carries the same
 `webhook-id`; `client.webhooks.unwrap(...)` checks the signature and types the event."""

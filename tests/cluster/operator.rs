@@ -4,7 +4,7 @@
 //! SDK → `nightshift api` → Batch → controller → Jobs → Pods → finalize → output.
 //! The api and the controller run with ServiceAccount tokens bound only to their own Roles.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -1197,7 +1197,7 @@ async fn a_projects_rate_limit_holds_per_api_replica() {
 /// and then the other makes one Batch (and the same upload, one file). Sent at once, the
 /// claim is an S3 conditional write (`If-None-Match: *`), atomic on S3 but only checked
 /// then written by s3s-fs, the test server; requests at once are tested on the directory
-/// store (tests/idempotency.rs).
+/// store (tests/api/idempotency.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_idempotency_key_sent_to_two_api_replicas_makes_one_batch() {
     let operator = Operator::start(10, Duration::ZERO, 4).await;

@@ -1,7 +1,7 @@
 //! `/v1/files` through the router in-process: every Files error code of the spec,
 //! auth, the error envelope, and the whole cycle on both storage backends.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

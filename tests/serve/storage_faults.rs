@@ -5,7 +5,7 @@
 //! every line once, finalize is retried and publishes no half-written file, and reads
 //! that need no storage are answered.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

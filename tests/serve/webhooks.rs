@@ -2,7 +2,7 @@
 //! across restarts with a stable `webhook-id`, never to internal addresses unless allowed,
 //! and never in a batch's way. (The SDK's own verification: tests/e2e/webhooks_sdk.py.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

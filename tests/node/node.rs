@@ -16,7 +16,7 @@
 //! runtime and images (tests/tools/install-node.sh), helm, s3s-fs, llama-server
 //! (tests/tools/install-engine.sh) and the SDK's venv; `tests/run` installs them all.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};

@@ -5,11 +5,7 @@
 //!
 //! Needs the toolchain from `tests/tools/install-kube.sh`.
 
-#[path = "common/cluster.rs"]
-mod cluster;
-#[path = "common/ports.rs"]
-#[allow(dead_code)]
-mod ports;
+use crate::common::cluster;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

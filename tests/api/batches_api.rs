@@ -1,7 +1,7 @@
 //! `/v1/batches` through the router in-process: create (request checks, lookup,
 //! validation, persistence), retrieve, list and cancel.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -1,7 +1,7 @@
 //! `Idempotency-Key` on `POST /v1/batches` and `POST /v1/files`, through the router
 //! in-process: replays, conflicts, requests at once, a restart, failures that free the key.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! runs), and static keys under names of one's own. Every case runs a batch against
 //! s3s-fs, which accepts only the right keys.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

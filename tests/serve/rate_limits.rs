@@ -2,7 +2,7 @@
 //! installation's), and failed authentications a minute per client address: past them,
 //! 429 `rate_limit_exceeded` with `retry-after`, as OpenAI answers.
 
-mod common;
+use crate::common;
 
 use common::process::{Process, spawn};
 use tempfile::TempDir;

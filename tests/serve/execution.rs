@@ -1,7 +1,7 @@
 //! Batches run end to end in `nightshift serve` against the scriptable upstream:
 //! error mapping, retries, cancel, expiry, quota, live counts, and a SIGKILL.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! both storage backends, every refusal with its status, code and param, and the garbage
 //! collection of what uploads leave.
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 use std::sync::Arc;

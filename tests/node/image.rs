@@ -1,11 +1,11 @@
 //! The image built from the repository's Dockerfile with podman (tests/common/image.rs):
 //! it runs as uid 65532, carries the TLS roots, prints its version and the CRDs, and
 //! `nightshift serve` runs a batch in it with a read-only root filesystem. The api, the
-//! controller and the worker run in it as real pods in tests/node.rs.
+//! controller and the worker run in it as real pods in tests/node/node.rs.
 //!
 //! Needs podman and the local base image (tests/tools/install-node.sh; `tests/run` runs it).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

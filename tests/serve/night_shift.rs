@@ -3,7 +3,7 @@
 //! beside users at the simulator, the `priority` of batch lines, fair share between
 //! projects, and the ETA.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! clients are served meanwhile, also with every connection slot taken, one client can't
 //! take every slot, and what the server answers before routing is the API's envelope.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

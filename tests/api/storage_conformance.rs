@@ -1,6 +1,6 @@
 //! One suite, two object stores: the local directory and S3 (a real s3s-fs server).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,6 @@
 //! End to end with the official OpenAI Python SDK against `nightshift serve`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

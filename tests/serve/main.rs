@@ -1,0 +1,15 @@
+//! The serve tier: `nightshift serve` as a process, against scriptable upstreams, the
+//! model-server simulator and llama.cpp's server, driven over HTTP and by the official
+//! OpenAI Python SDK.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod execution;
+mod night_shift;
+mod rate_limits;
+mod s3_credentials;
+mod sdk_e2e;
+mod slow_clients;
+mod storage_faults;
+mod webhooks;
