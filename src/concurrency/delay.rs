@@ -1,38 +1,8 @@
-//! The batch's own time per output token, against what the server's users would have
-//! without it: a cap for servers whose every step slows as they run more sequences (a
-//! CPU, llama.cpp's server, a small GPU). There a batch line costs each user's answer
-//! time long before anything queues, and a cap from the queue ([`super::gate`]) or from
-//! the places the server has ([`super::headroom`]) lets the batch fill places it should
-//! leave empty. The batch's lines run in the same steps as the users' and slow as theirs
-//! do: its own time per token is the users' delay, measured at no cost. Pure: the caller
-//! passes the time, its cumulative [`Timing`] and each reading of the server.
+//! The users' pace: a cap on the batch's sequences that keeps the users' time per token
+//! within a target of their pace alone, on servers whose steps slow with every sequence.
+//! Pure: the caller passes the time, its cumulative [`Timing`] and each reading.
 //!
-//! - **Samples.** Every [`SAMPLE`] (and [`SAMPLE_LINES`] lines), the batch's time per
-//!   token over the lines that finished, beside the sequences the server ran on average
-//!   while those lines ran (each line's own span, not the sample's: a line of a second
-//!   finishing in a sample of half a second ran mostly before it). A sample in which a
-//!   reading saw requests wait is left out: its time is partly the wait (the gate's
-//!   business), not steps.
-//! - **The pace of a step** is fitted to the last [`FIT_SAMPLES`] samples by least
-//!   squares: a fixed part, and a part per sequence the server runs. As in LEDBAT
-//!   (RFC 6817) the batch keeps the delay it adds under a target, but its own lines are
-//!   the queue it would wait for to empty, and on a server that is never without the
-//!   batch's lines the least delay seen says nothing of the users' pace alone. The fit
-//!   does: the batch varies its own lines, users come and go, and the slope shows what
-//!   each sequence costs.
-//! - **Beside other traffic** the batch may hold as many sequences as keep the users'
-//!   pace within [`TARGET`] of the fitted pace with theirs alone: (target − 1) × that pace
-//!   over the slope. The cap comes down to it at once and grows towards it a line a
-//!   sample; it goes away once it reaches the throughput rule's limit.
-//! - **Alone** (no other traffic seen lately, [`super::headroom`]), the batch's slower
-//!   steps slow nobody but itself: nothing is held here, and the throughput rule finds the
-//!   pace that pays. Nor is anything held while the samples do not spread over enough
-//!   sequences to fit, while the sequences explain less than [`FIT_EXPLAINS`] of how the
-//!   pace varies, or while the slope is not positive.
-//!
-//! On a server whose steps hardly slow with their sequences (a large GPU: 256 sequences
-//! a step a tenth longer than a few), the room this gives is more than the server's
-//! places, and the other caps govern.
+//! The design: docs/src/night-shift-design.md#the-delay-the-users-pace
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -1,26 +1,8 @@
 //! The load signal's hold on batch dispatch: a cap on an upstream's batch requests in
 //! flight, cut when the server says requests queue and grown back while they don't.
-//! The server's queue is the congestion signal, as ECN marks are to TCP, and the cap
-//! follows it as DCTCP's window follows them (Alizadeh et al., SIGCOMM 2010). Pure: the
-//! caller passes the time, the reading and its own requests in flight.
+//! Pure: the caller passes the time, the reading and its own requests in flight.
 //!
-//! - **A reading that sees a queue** marks the [`WINDOW`] it falls in: the cap stops
-//!   growing (set to the requests in flight, when there was none), so a batch adds no
-//!   lines while users wait.
-//! - **Each window** folds the share of its readings that saw a queue into `alpha`, a
-//!   moving average (weight [`G`]); a window with any mark cuts the cap by `alpha / 2`.
-//!   A queue now and then costs a little, one that lasts halves the cap within seconds:
-//!   the batch settles where users rarely wait, not at the edge where they start to.
-//! - **A queue two readings in a row see** is users waiting now: the cap drops at once
-//!   under the requests in flight by as many as wait past the threshold. Readings that
-//!   stay busy cut this way again only once the lines in flight have come down to the
-//!   cap (an earlier cut still takes effect as lines finish).
-//! - **Readings that see nothing** grow the cap, while the batch uses it, by
-//!   [`PROBE_PER_SEC`], faster the longer nothing has queued (a server left idle fills
-//!   in tens of seconds, not minutes). The cap goes away once it reaches the limit the
-//!   throughput rule gives.
-//!
-//! Without a reading (no load signal, or a failing one), nothing is held.
+//! The design: docs/src/night-shift-design.md#the-gate-the-load-signals-hold
 
 use std::time::{Duration, Instant};
 

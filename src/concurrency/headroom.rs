@@ -1,32 +1,8 @@
-//! Room kept free at the server for its users. A server that batches continuously runs
-//! at most so many requests at once (vLLM's `max_num_seqs`); what it runs and queues
-//! besides this process's batch lines is its other traffic. The batch may fill what is
-//! left, less a reserve for the users that arrive before the next reading: then a user
-//! finds a free place instead of a queue, and the batch's share follows the users'
-//! traffic as it rises and falls, reading by reading, instead of settling at one number
-//! that is too many when users peak and too few when they ebb. Pure: the caller passes
-//! the time, the reading and its own requests in flight.
+//! Room kept free at the server for its users: a cap that leaves the server's other
+//! traffic the places it uses, and a reserve for what arrives before the next reading.
+//! Pure: the caller passes the time, the reading and its own requests in flight.
 //!
-//! - **The server's places** are learned, not configured: the most requests it ran in a
-//!   reading that also saw requests wait (it was full), or ever ran since. Until a queue
-//!   has been seen there is nothing to go by, and the batch is not held here
-//!   ([`super::gate`] holds it while it probes).
-//! - **The reserve** is the most that other traffic grew between two readings over the
-//!   last [`RESERVE_OVER`] (at least one place): the room users took before the batch
-//!   could see them. A server that had no other traffic over that span has no users to
-//!   keep room for, and no reserve: a batch alone fills every place (on a server of two
-//!   slots, one kept free would be half of it).
-//! - **A dip is not a departure.** A reading that caught this process's lines on their
-//!   way in (sent, not yet counted by the server: lines that finish together are replaced
-//!   together) sees other traffic drop, and the places it seems to free are those lines'.
-//!   So growth counts from the higher of the two readings before, and the cap counts
-//!   other traffic at the higher of this reading and the one before: it has left when two
-//!   readings agree. Trusted at once, such a dip let the batch send as many lines more,
-//!   and the users that came next found the server full.
-//! - **Shared servers.** Where several processes send batch lines to one server (worker
-//!   pods on Kubernetes), each takes its `share` of the free room, so that together they
-//!   move by the room there is rather than each by all of it; a fraction of a place is
-//!   taken by a draw ([`take`]).
+//! The design: docs/src/night-shift-design.md#the-headroom-room-kept-for-the-users
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -2,25 +2,7 @@
 //! fill a model server's idle capacity without a guessed number and without making its
 //! interactive users wait.
 //!
-//! - [`rule`]: the adaptive limit, from throughput measured at the current limit (pure).
-//! - [`governor`]: feeds the rule windows of observations and backs off on overload
-//!   (pure: time is passed in).
-//! - [`signals`]: the server's own metrics, read to see requests queue at it.
-//! - [`gate`]: the cap the load signal sets on batch requests in flight: cut at once
-//!   when requests queue, grown back while they don't (pure).
-//! - [`headroom`]: the cap that leaves the server's other traffic the places it uses,
-//!   and a reserve for what arrives before the next reading (pure).
-//! - [`delay`]: the cap that keeps the users' time per token within a target of their
-//!   pace alone, on servers whose steps slow with every sequence (pure).
-//! - [`priority`]: the `priority` field set on batch lines for servers that schedule by it.
-//! - [`control`]: what the loop per upstream in a process (`serve`, a worker pod) shares
-//!   with the rest of it; the loop itself, which reads the signal and sets the
-//!   upstream's [`crate::exec::limiter::Limiter`] target, is `crate::exec::permits`.
-//!
-//! In `serve` the governor runs in the process. On Kubernetes the controller runs it
-//! over what every worker pod reports in its acknowledgment (`crate::grants`), and
-//! divides the limit it finds among the pods; each pod still reads the load signal
-//! itself, and backs off at once.
+//! The design: docs/src/night-shift-design.md#the-parts-and-where-they-run
 
 pub mod control;
 pub mod delay;

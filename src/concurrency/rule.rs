@@ -1,32 +1,7 @@
 //! The adaptive concurrency rule: how many requests in flight an upstream gets, found by
 //! measuring, not guessed. Pure: windows of observations in, a limit out.
 //!
-//! The target is Kleinrock's operating point, the one TCP BBR steers for: enough
-//! requests in flight that the server's throughput no longer rises, and no more (past
-//! it, requests only queue and latency climbs). On a continuous-batching server that is
-//! its batch size, or what its KV cache holds. Latency alone does not find it there:
-//! every step slows as the batch grows, so latency climbs long before throughput stops
-//! rising. So, as BBR does, the rule measures throughput (output tokens per second, or
-//! lines per second without usage) at the current limit and probes around it:
-//!
-//! - **start**: the limit doubles while each doubling raises throughput by at least
-//!   [`ACCEPT_UP`] of the step (a doubling that gives 30% more is kept), a window being
-//!   one round trip meanwhile (the governor's `START_WINDOW`). Where the counts are the
-//!   process's own, a doubling is judged in the round trip it starts, against the
-//!   requests actually in flight (TCP's slow start: twice the limit each round trip), not
-//!   after a settling one;
-//! - **probe up** by a quarter, kept on the same terms;
-//! - **probe down** by a fifth, kept if throughput fell by less than a quarter of the
-//!   step (the requests taken away were only queueing);
-//! - otherwise **hold** for [`HOLD_WINDOWS`] windows, then probe again (the server's
-//!   capacity changes: other traffic comes and goes);
-//! - **back off**: on overload (429, 503, timeouts) the limit is halved at once, and
-//!   probing starts again from there. (Interactive requests queueing at the server are
-//!   the load signal's to answer: [`super::gate`].)
-//!
-//! A window right after a change is not judged (the requests in flight are still those
-//! of the old limit), and neither is one in which fewer requests were in flight than
-//! the limit allowed: the batch, not the limit, held throughput back.
+//! The design: docs/src/night-shift-design.md#the-rule-throughput-at-the-current-limit
 
 /// A probe up that raises throughput by at least this share of its own step is kept.
 pub const ACCEPT_UP: f64 = 0.3;

@@ -1,13 +1,7 @@
-//! Load signals: a model server's own Prometheus metrics, read every 100 ms unless
-//! configured otherwise, say whether its interactive requests are queueing (vLLM's
-//! `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`, llama.cpp's
-//! `llamacpp:requests_deferred`, TensorRT-LLM's `trtllm_num_requests_waiting`, Dynamo's
-//! `dynamo_frontend_queued_requests`) or its KV cache is nearly full
-//! (`vllm:kv_cache_usage_perc`, `sglang:token_usage`, `trtllm_kv_cache_utilization`;
-//! llama.cpp and Dynamo's frontend publish none). Batch dispatch then
-//! backs off at once, and grows back once they drain ([`super::gate`]). A signal that
-//! fails, times out or makes no sense never stops batches: the throughput rule alone
-//! governs then, and a metric says so.
+//! Load signals: a model server's own Prometheus metrics, read to see whether its
+//! interactive requests queue or its KV cache is nearly full.
+//!
+//! The design: docs/src/night-shift-design.md#the-load-signals-the-servers-own-metrics
 
 use std::time::Duration;
 

@@ -1,16 +1,7 @@
-//! A load signal that has gone stale: trusted, it would hold a batch forever or let it
-//! flood. Pure: each reading in, whether to believe it out. Two ways a signal goes stale:
+//! A load signal that has gone stale, to be set aside. Pure: each reading in, whether to
+//! believe it out.
 //!
-//! - **the same sample**: the whole answer is the same, byte for byte, for
-//!   [`SAME_SAMPLE_AFTER`] while this process's lines finished at the server. A live
-//!   server's exposition moves as it serves (its counters of requests and tokens): one
-//!   that does not is a cache, a dead exporter or a frozen process answering its last page.
-//! - **a hold that never moves**: the reading has held the batch back, its numbers
-//!   (waiting, running, KV cache) unchanged, for [`MAX_HOLD`]. A real queue moves: its
-//!   requests are served and others come.
-//!
-//! A stale signal is set aside, and the throughput rule alone governs, until the signal
-//! changes; every reading set aside counts as a failure with `reason="stale"`.
+//! The design: docs/src/night-shift-design.md#staleness-a-signal-not-to-believe
 
 use std::time::{Duration, Instant};
 
