@@ -94,28 +94,15 @@ impl Projects {
         let by_id = projects
             .iter()
             .map(|project| {
-                let keys = project
-                    .api_keys
-                    .iter()
-                    .filter_map(|key| Some(StoredKey { digest: key.digest()?, active: key.active }))
-                    .collect();
+                let keys =
+                    project.api_keys.iter().map(|key| StoredKey { digest: key.digest, active: key.active }).collect();
                 let entry = Project {
                     id: project.id.clone(),
                     name: project.name.clone(),
                     quota_tokens: project.quota.map(|q| q.tokens),
                     requests_per_minute: project.rate_limit.map(|r| r.requests_per_minute),
-                    // The configuration refuses bad ones; on Kubernetes they are left out.
-                    webhooks: project
-                        .webhooks
-                        .iter()
-                        .filter_map(|webhook| {
-                            Some(crate::webhooks::Webhook {
-                                url: crate::webhooks::target::parse_url(&webhook.url).ok()?,
-                                secret: crate::webhooks::SigningSecret::parse(&webhook.secret)?,
-                            })
-                        })
-                        .collect(),
-                    weight: project.weight,
+                    webhooks: project.webhooks.clone(),
+                    weight: project.weight.get(),
                     keys,
                 };
                 (project.id.clone(), entry)
@@ -216,48 +203,43 @@ impl ProjectDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ApiKeyConfig;
+    use crate::config::{ApiKeyConfig, Weight};
 
     const PROJECT: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
     const OTHER: &str = "0b7e8a52-4a1c-4d5e-9a53-6f0c7d8e9f10";
 
     fn projects() -> Projects {
-        let key = |plain: Option<&str>, sha: Option<String>, active| ApiKeyConfig {
-            plain: plain.map(str::to_owned),
-            sha256: sha,
-            active,
-        };
         Projects::from_config(&[
             ProjectConfig {
                 id: ProjectId::parse(PROJECT).unwrap(),
                 name: None,
                 api_keys: vec![
-                    key(Some("plain-key"), None, true),
-                    key(None, Some(hex::encode(key_digest("hashed-key"))), true),
-                    key(Some("retired-key"), None, false),
+                    ApiKeyConfig::plain("plain-key"),
+                    ApiKeyConfig::sha256(&hex::encode(key_digest("hashed-key")), true).unwrap(),
+                    ApiKeyConfig { active: false, ..ApiKeyConfig::plain("retired-key") },
                 ],
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
-                weight: 1,
+                weight: Weight::default(),
             },
             ProjectConfig {
                 id: ProjectId::parse(OTHER).unwrap(),
                 name: None,
-                api_keys: vec![key(Some("other-key"), None, true), key(Some("shared-key"), None, true)],
+                api_keys: vec![ApiKeyConfig::plain("other-key"), ApiKeyConfig::plain("shared-key")],
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
-                weight: 1,
+                weight: Weight::default(),
             },
             ProjectConfig {
                 id: ProjectId::parse(THIRD).unwrap(),
                 name: None,
-                api_keys: vec![key(Some("shared-key"), None, true)],
+                api_keys: vec![ApiKeyConfig::plain("shared-key")],
                 quota: None,
                 rate_limit: None,
                 webhooks: Vec::new(),
-                weight: 1,
+                weight: Weight::default(),
             },
         ])
     }

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ApiKeyConfig, ProjectConfig};
+use crate::config::{ApiKeyConfig, ProjectConfig, Weight};
 use crate::ids::ProjectId;
 use crate::storage::{Key, ObjectStore, StorageError};
 
@@ -21,11 +21,11 @@ impl DevCredentials {
         ProjectConfig {
             id: self.project_id.clone(),
             name: Some("dev".to_owned()),
-            api_keys: vec![ApiKeyConfig { plain: Some(self.api_key.clone()), sha256: None, active: true }],
+            api_keys: vec![ApiKeyConfig::plain(&self.api_key)],
             quota: None,
             rate_limit: None,
             webhooks: Vec::new(),
-            weight: 1,
+            weight: Weight::default(),
         }
     }
 }

@@ -189,7 +189,7 @@ impl QuotaLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig};
+    use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig, Weight};
 
     #[test]
     fn live_and_durable_usage_merge_without_double_counting() {
@@ -197,11 +197,11 @@ mod tests {
         let projects = Projects::from_config(&[ProjectConfig {
             id: project.clone(),
             name: None,
-            api_keys: vec![ApiKeyConfig { plain: Some("k".into()), sha256: None, active: true }],
+            api_keys: vec![ApiKeyConfig::plain("k")],
             quota: Some(QuotaConfig { tokens: 100 }),
             rate_limit: None,
             webhooks: Vec::new(),
-            weight: 1,
+            weight: Weight::default(),
         }]);
         let ledger = QuotaLedger::new(&projects);
         let (a, b) = (BatchId::generate(), BatchId::generate());

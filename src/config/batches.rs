@@ -33,8 +33,8 @@ pub struct BatchesConfig {
     /// The endpoints batches may target: `/v1/chat/completions` (the spec's only one, the
     /// default), and any of `/v1/embeddings`, `/v1/completions`, `/v1/responses` and
     /// `/v1/moderations`. Each line goes to the same path on its upstream.
-    #[serde(default = "default_endpoints")]
-    pub endpoints: Vec<String>,
+    #[serde(default)]
+    pub endpoints: crate::validate::Endpoints,
     /// How long `serve` keeps a finished batch (completed, failed, expired or cancelled,
     /// refused creates among them) after it finished; then it is removed, at the pace of
     /// `files.gc_interval`. Its tokens stay counted against its project's quota.
@@ -57,10 +57,6 @@ pub struct BatchesConfig {
     /// an `internal_error` record and the batch finishes.
     #[serde(default = "default_max_shard_retries")]
     pub max_shard_retries: u32,
-}
-
-fn default_endpoints() -> Vec<String> {
-    vec!["/v1/chat/completions".to_owned()]
 }
 
 fn default_max_shard_retries() -> u32 {
@@ -110,7 +106,7 @@ impl Default for BatchesConfig {
             scheduling: Scheduling::default(),
             max_shard_retries: default_max_shard_retries(),
             retention: default_retention(),
-            endpoints: default_endpoints(),
+            endpoints: crate::validate::Endpoints::default(),
         }
     }
 }
@@ -119,15 +115,6 @@ impl BatchesConfig {
     pub(super) fn check(&self) -> Result<(), String> {
         if self.shard_lines == 0 {
             return Err("batches.shard_lines must be at least 1".into());
-        }
-        if self.endpoints.is_empty() {
-            return Err("batches.endpoints must name at least one endpoint".into());
-        }
-        if let Err(unknown) = crate::validate::Endpoints::from_urls(&self.endpoints) {
-            return Err(format!(
-                "batches.endpoints: {unknown:?} is not a batchable endpoint (any of {})",
-                crate::validate::BATCHABLE_URLS.join(", ")
-            ));
         }
         if self.max_running_shards == Some(0) {
             return Err("batches.max_running_shards must be at least 1".into());
@@ -145,8 +132,7 @@ impl BatchesConfig {
         crate::batches::BatchSettings {
             completion_window: self.completion_window,
             shard_lines: self.shard_lines,
-            // Config::check has refused any other name.
-            endpoints: crate::validate::Endpoints::from_urls(&self.endpoints).unwrap_or_default(),
+            endpoints: self.endpoints,
         }
     }
 }

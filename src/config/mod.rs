@@ -23,9 +23,7 @@ pub use batches::{BatchesConfig, KUBERNETES_RUNNING_SHARDS, Scheduling, default_
 pub use files::FilesConfig;
 pub use http::{HttpConfig, MetricsConfig};
 pub use kubernetes::{KubernetesConfig, WorkerTemplate};
-pub use projects::{
-    ApiKeyConfig, ProjectConfig, QuotaConfig, RateLimitConfig, WebhookConfig, default_weight, key_digest,
-};
+pub use projects::{ApiKeyConfig, ProjectConfig, QuotaConfig, RateLimitConfig, Weight, key_digest};
 pub use storage::{S3Config, StorageConfig};
 pub use upstreams::UpstreamConfig;
 
@@ -124,8 +122,7 @@ impl Config {
         let mut owners: std::collections::HashMap<[u8; 32], &ProjectId> = std::collections::HashMap::new();
         for project in &self.projects {
             for key in &project.api_keys {
-                let Some(digest) = key.digest() else { continue };
-                if let Some(owner) = owners.insert(digest, &project.id).filter(|owner| **owner != project.id) {
+                if let Some(owner) = owners.insert(key.digest, &project.id).filter(|owner| **owner != project.id) {
                     return Err(format!(
                         "projects {owner} and {} share an api key: each key belongs to one project",
                         project.id
@@ -221,6 +218,17 @@ batches:
         let error = Config::from_yaml("batches: {endpoints: [/v1/images/generations]}").unwrap_err().to_string();
         assert!(error.contains("is not a batchable endpoint"), "{error}");
         assert!(Config::from_yaml("batches: {endpoints: []}").is_err());
+        let project = |fields: &str| {
+            format!("projects: [{{id: 3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11, api_keys: [{{plain: a}}], {fields}}}]")
+        };
+        let short = project("api_keys: [{sha256: abc}]").replace("api_keys: [{plain: a}], ", "");
+        let error = Config::from_yaml(&short).unwrap_err().to_string();
+        assert!(error.contains("projects[0].api_keys: sha256 keys are 64 hex digits"), "{error}");
+        let error = Config::from_yaml(&project("weight: 0")).unwrap_err().to_string();
+        assert!(error.contains("projects[0]: weight must be between 1 and 1000"), "{error}");
+        let webhook = project("webhooks: [{url: \"https://example.com/\", secret: nope}]");
+        let error = Config::from_yaml(&webhook).unwrap_err().to_string();
+        assert!(error.contains("projects[0].webhooks: the secret of webhook https://example.com/"), "{error}");
         let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";
         assert!(Config::from_yaml(bad_id).is_err());
         assert!(Config::from_yaml("batches: {completion_window: soon}").is_err());

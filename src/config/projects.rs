@@ -3,6 +3,7 @@
 use serde::Deserialize;
 
 use crate::ids::ProjectId;
+use crate::webhooks::Webhook;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,25 +17,50 @@ pub struct ProjectConfig {
     /// Requests a minute for this project (else `http.requests_per_minute`).
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
-    /// Where this project's batch events are delivered.
+    /// Where this project's batch events are delivered (`{url: https://..., secret:
+    /// whsec_...}` each).
     #[serde(default)]
-    pub webhooks: Vec<WebhookConfig>,
+    pub webhooks: Vec<Webhook>,
     /// Its share of capacity when batches of several projects wait (`crate::schedule`):
     /// a project of weight 2 runs twice the shards of one of weight 1.
-    #[serde(default = "default_weight")]
-    pub weight: u32,
+    #[serde(default)]
+    pub weight: Weight,
 }
 
-pub fn default_weight() -> u32 {
-    1
+/// A project's weight: 1 to 1000.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u32")]
+pub struct Weight(u32);
+
+impl Weight {
+    pub const MAX: u32 = 1000;
+
+    /// The nearest weight to `weight` (a Project resource's, which its schema bounds).
+    pub fn clamped(weight: u32) -> Self {
+        Self(weight.clamp(1, Self::MAX))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
 }
 
-/// `{url: https://..., secret: whsec_...}`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookConfig {
-    pub url: String,
-    pub secret: String,
+impl Default for Weight {
+    fn default() -> Self {
+        Self(1)
+    }
+}
+
+impl TryFrom<u32> for Weight {
+    type Error = String;
+
+    fn try_from(weight: u32) -> Result<Self, String> {
+        if (1..=Self::MAX).contains(&weight) {
+            Ok(Self(weight))
+        } else {
+            Err(format!("weight must be between 1 and {}", Self::MAX))
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -43,27 +69,48 @@ pub struct RateLimitConfig {
     pub requests_per_minute: u32,
 }
 
-/// `{plain: dev-key}` or `{sha256: <hex>}`, optionally `active: false`.
+/// An API key, held as its SHA-256: read from `{plain: dev-key}` or `{sha256: <hex>}`,
+/// optionally with `active: false`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "ApiKeyForm")]
 pub struct ApiKeyConfig {
-    pub plain: Option<String>,
-    pub sha256: Option<String>,
-    #[serde(default = "yes")]
+    pub digest: [u8; 32],
     pub active: bool,
 }
 
+/// An API key as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiKeyForm {
+    plain: Option<String>,
+    sha256: Option<String>,
+    #[serde(default = "yes")]
+    active: bool,
+}
+
 impl ApiKeyConfig {
-    /// The key's SHA-256, from either form; `None` for an entry that is neither (which
-    /// `Config::check` refuses; a Project resource's bad key is left out).
-    pub fn digest(&self) -> Option<[u8; 32]> {
-        match (&self.plain, &self.sha256) {
-            (Some(plain), None) if !plain.is_empty() => Some(key_digest(plain)),
+    /// An active key given in plain.
+    pub fn plain(key: &str) -> Self {
+        Self { digest: key_digest(key), active: true }
+    }
+
+    /// A key given as the 64 hex digits of its SHA-256; `None` for anything else.
+    pub fn sha256(hex_digest: &str, active: bool) -> Option<Self> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(hex_digest, &mut digest).ok().map(|()| Self { digest, active })
+    }
+}
+
+impl TryFrom<ApiKeyForm> for ApiKeyConfig {
+    type Error = String;
+
+    fn try_from(form: ApiKeyForm) -> Result<Self, String> {
+        match (form.plain, form.sha256) {
+            (Some(plain), None) if !plain.is_empty() => Ok(Self { digest: key_digest(&plain), active: form.active }),
             (None, Some(hash)) => {
-                let mut digest = [0u8; 32];
-                hex::decode_to_slice(hash, &mut digest).ok().map(|()| digest)
+                Self::sha256(&hash, form.active).ok_or_else(|| "sha256 keys are 64 hex digits".into())
             }
-            _ => None,
+            _ => Err("each api key is exactly one of {plain: ...} or {sha256: ...}".into()),
         }
     }
 }
@@ -85,37 +132,10 @@ pub struct QuotaConfig {
 }
 
 impl ProjectConfig {
-    /// Its webhooks, keys and weight.
+    /// What its fields' types cannot say: it has a key.
     pub(super) fn check(&self) -> Result<(), String> {
-        for webhook in &self.webhooks {
-            if let Err(error) = crate::webhooks::target::parse_url(&webhook.url) {
-                return Err(format!("project {}: webhook {error}", self.id));
-            }
-            if crate::webhooks::SigningSecret::parse(&webhook.secret).is_none() {
-                return Err(format!(
-                    "project {}: the secret of webhook {} is not whsec_ followed by the base64 of at least 16 bytes",
-                    self.id, webhook.url
-                ));
-            }
-        }
         if self.api_keys.is_empty() {
             return Err(format!("project {} has no api_keys", self.id));
-        }
-        if !(1..=1000).contains(&self.weight) {
-            return Err(format!("project {}: weight must be between 1 and 1000", self.id));
-        }
-        for key in &self.api_keys {
-            match (&key.plain, &key.sha256) {
-                (Some(plain), None) if !plain.is_empty() => {}
-                (None, Some(hash)) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {}
-                (None, Some(_)) => return Err(format!("project {}: sha256 keys are 64 hex digits", self.id)),
-                _ => {
-                    return Err(format!(
-                        "project {}: each api key is exactly one of {{plain: ...}} or {{sha256: ...}}",
-                        self.id
-                    ));
-                }
-            }
         }
         Ok(())
     }

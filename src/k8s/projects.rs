@@ -13,8 +13,9 @@ use kube::runtime::watcher;
 use super::controller::cache;
 use super::crd::ProjectResource;
 use crate::auth::{ProjectDirectory, Projects};
-use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig, WebhookConfig};
+use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig, Weight};
 use crate::quota::QuotaLedger;
+use crate::webhooks::Webhook;
 
 /// Project configurations from the resources and the key hashes in their Secrets.
 /// A key whose Secret or entry is missing, or is not 64 hex digits, is left out.
@@ -30,12 +31,7 @@ pub fn project_configs(projects: &[Arc<ProjectResource>], secrets: &[Arc<Secret>
                 .iter()
                 .filter_map(|key| {
                     let data = secrets.get(key.secret_name.as_str())?.data.as_ref()?.get(&key.key)?;
-                    let hash = String::from_utf8(data.0.clone()).ok()?.trim().to_ascii_lowercase();
-                    (hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(ApiKeyConfig {
-                        plain: None,
-                        sha256: Some(hash),
-                        active: key.active,
-                    })
+                    ApiKeyConfig::sha256(std::str::from_utf8(&data.0).ok()?.trim(), key.active)
                 })
                 .collect();
             ProjectConfig {
@@ -44,18 +40,17 @@ pub fn project_configs(projects: &[Arc<ProjectResource>], secrets: &[Arc<Secret>
                 api_keys,
                 quota: project.spec.quota.map(|q| QuotaConfig { tokens: q.tokens }),
                 rate_limit: project.spec.rate_limit,
-                // A webhook whose Secret or entry is missing is left out (as a bad one is).
+                // A webhook whose Secret or entry is missing, or that is refused, is left out.
                 webhooks: project
                     .spec
                     .webhooks
                     .iter()
                     .filter_map(|webhook| {
                         let data = secrets.get(webhook.secret_name.as_str())?.data.as_ref()?.get(&webhook.key)?;
-                        let secret = String::from_utf8(data.0.clone()).ok()?.trim().to_owned();
-                        Some(WebhookConfig { url: webhook.url.clone(), secret })
+                        Webhook::parse(&webhook.url, std::str::from_utf8(&data.0).ok()?).ok()
                     })
                     .collect(),
-                weight: project.spec.weight.unwrap_or(1).clamp(1, 1000),
+                weight: Weight::clamped(project.spec.weight.unwrap_or(1)),
             }
         })
         .collect()

@@ -36,7 +36,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     let max_running_shards =
         config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards);
-    let weights = project_configs.iter().map(|p| (p.id.clone(), p.weight)).collect();
+    let weights = project_configs.iter().map(|p| (p.id.clone(), p.weight.get())).collect();
     let runner = Runner::new(batches.clone(), exec, config.batches.reconcile_interval, max_running_shards);
     let runner = Arc::new(runner.scheduled(config.batches.scheduling, weights));
     let state = AppState {

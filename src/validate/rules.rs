@@ -52,9 +52,24 @@ pub fn required_body_fields(url: &str) -> &'static [BodyField] {
     }
 }
 
-/// The endpoints enabled for batches, a subset of [`BATCHABLE_URLS`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The endpoints enabled for batches, a subset of [`BATCHABLE_URLS`]. Read from a list
+/// of at least one of their URLs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "Vec<String>")]
 pub struct Endpoints(u8);
+
+impl TryFrom<Vec<String>> for Endpoints {
+    type Error = String;
+
+    fn try_from(urls: Vec<String>) -> Result<Self, String> {
+        if urls.is_empty() {
+            return Err("name at least one endpoint".into());
+        }
+        Self::from_urls(&urls).map_err(|unknown| {
+            format!("{unknown:?} is not a batchable endpoint (any of {})", BATCHABLE_URLS.join(", "))
+        })
+    }
+}
 
 impl Default for Endpoints {
     /// The spec's: chat completions only.

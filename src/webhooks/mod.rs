@@ -25,10 +25,39 @@ pub use event::Event;
 pub use sign::SigningSecret;
 
 /// One endpoint of a project: where events go and the secret they are signed with.
-#[derive(Clone, Debug)]
+/// Read from the configuration's `{url: https://..., secret: whsec_...}`, checked there.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "WebhookForm")]
 pub struct Webhook {
     pub url: reqwest::Url,
     pub secret: SigningSecret,
+}
+
+/// A webhook as written: `{url, secret}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookForm {
+    url: String,
+    secret: String,
+}
+
+impl Webhook {
+    /// A webhook from its URL and secret as written, or why they are refused.
+    pub fn parse(url: &str, secret: &str) -> Result<Self, String> {
+        let url = target::parse_url(url).map_err(|error| format!("webhook {error}"))?;
+        let secret = SigningSecret::parse(secret).ok_or_else(|| {
+            format!("the secret of webhook {url} is not whsec_ followed by the base64 of at least 16 bytes")
+        })?;
+        Ok(Self { url, secret })
+    }
+}
+
+impl TryFrom<WebhookForm> for Webhook {
+    type Error = String;
+
+    fn try_from(form: WebhookForm) -> Result<Self, String> {
+        Self::parse(&form.url, &form.secret)
+    }
 }
 
 /// `webhooks:` in the configuration: how delivery behaves, installation-wide.

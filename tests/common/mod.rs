@@ -168,11 +168,11 @@ pub fn projects() -> Projects {
     let project = |id: &str, key: &str| ProjectConfig {
         id: ProjectId::parse(id).unwrap(),
         name: None,
-        api_keys: vec![ApiKeyConfig { plain: Some(key.into()), sha256: None, active: true }],
+        api_keys: vec![ApiKeyConfig::plain(key)],
         quota: None,
         rate_limit: None,
         webhooks: Vec::new(),
-        weight: 1,
+        weight: nightshift::config::Weight::default(),
     };
     Projects::from_config(&[project(PROJECT, KEY), project(OTHER_PROJECT, OTHER_KEY)])
 }
