@@ -16,12 +16,15 @@
 # (the test suite builds this file with podman from bases made with debootstrap):
 #   RUST_IMAGE     the Rust toolchain on bookworm (BINARY=source only)
 #   CERTS_IMAGE    any image with Debian's ca-certificates: the TLS roots are copied from it
-#   RUNTIME_IMAGE  any minimal glibc image of bookworm, e.g. a distroless "cc" image for
-#                  Debian 12 (tag `nonroot`)
+#   RUNTIME_IMAGE  by default distroless "cc" for Debian 12, tag `nonroot`: glibc, libgcc_s,
+#                  the TLS roots, tzdata, /etc/passwd with nonroot (65532), and no shell,
+#                  package manager or coreutils. Any glibc image of bookworm or newer will do
+#                  (e.g. debian:bookworm-slim, with a shell to debug in). The runtime stage
+#                  has no RUN: nothing in it needs a shell.
 
 ARG RUST_IMAGE=rust:1.95-bookworm
-ARG CERTS_IMAGE=rust:1.95-bookworm
-ARG RUNTIME_IMAGE=debian:bookworm-slim
+ARG CERTS_IMAGE=debian:bookworm-slim
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 # Where the binary comes from: `source` (built below) or `prebuilt` (the build context).
 ARG BINARY=source
 

@@ -3,10 +3,14 @@
 //! The Rust stage is not run here: it would be a second cold build of the whole crate inside
 //! the image build (and there is no Rust base image to pull). The Dockerfile's documented
 //! `BINARY=prebuilt` path takes the binary of this test build instead (stripped), and its
-//! runtime stage is built for real, on the bookworm base that `tests/tools/install-node.sh`
-//! made with debootstrap (standing in for `debian:bookworm-slim`, which can't be pulled).
+//! runtime stage is built for real from the bases that `tests/tools/install-node.sh` made
+//! (public images can't be pulled here): `RUNTIME_IMAGE` is its distroless-like base (glibc,
+//! libgcc_s, the TLS roots, nonroot in /etc/passwd; no shell, no coreutils), standing in for
+//! the default `gcr.io/distroless/cc-debian12:nonroot`; `CERTS_IMAGE` its debootstrapped
+//! bookworm, standing in for `debian:bookworm-slim`.
 //!
-//! Images are tagged by the binary's content, so the tests of one run share one build.
+//! Images are tagged by what they are made of (the binary, the Dockerfile, the bases), so the
+//! tests of one run share one build, and a new base or Dockerfile is never served a stale one.
 #![allow(dead_code)]
 
 use std::fs::File;
@@ -30,11 +34,22 @@ pub fn podman() -> Command {
 }
 
 /// Builds the image from the Dockerfile with this test build's binary and returns its
-/// reference (`localhost/nightshift:t-<hash>`; `build` distinguishes rebuilds of the same
-/// binary, as a new release of the same code would be). Idempotent across tests.
+/// reference (`localhost/nightshift:t-<hash>`, the hash of the binary, the Dockerfile and the
+/// bases' image ids; `build` distinguishes rebuilds of the same binary, as a new release of
+/// the same code would be). Idempotent across tests.
 pub fn build(build: &str) -> String {
     let binary = Path::new(env!("CARGO_BIN_EXE_nightshift"));
-    let hash = file_sha256(binary);
+    let dockerfile = repo_root().join("Dockerfile");
+    let base = tool_setting("node", "NODE_BASE_IMAGE").expect("NODE_BASE_IMAGE from install-node.sh");
+    let runtime = tool_setting("node", "NODE_RUNTIME_IMAGE")
+        .expect("NODE_RUNTIME_IMAGE from install-node.sh (run tests/tools/install-node.sh again)");
+    let mut inputs = Sha256::new();
+    inputs.update(file_sha256(binary));
+    inputs.update(file_sha256(&dockerfile));
+    for image in [&base, &runtime] {
+        inputs.update(run(podman().args(["image", "inspect", "--format", "{{.Id}}", image])).trim());
+    }
+    let hash = hex::encode(inputs.finalize());
     let reference = format!("{REPOSITORY}:t-{}-{build}", &hash[..12]);
     let cache = cache_dir().join("node");
     std::fs::create_dir_all(&cache).unwrap();
@@ -45,15 +60,14 @@ pub fn build(build: &str) -> String {
     }
     let context = tempfile::Builder::new().prefix("nightshift-image-").tempdir().unwrap();
     run(Command::new("strip").arg("-o").arg(context.path().join("nightshift")).arg(binary));
-    let base = tool_setting("node", "NODE_BASE_IMAGE").expect("NODE_BASE_IMAGE from install-node.sh");
     let started = std::time::Instant::now();
     run(podman()
         .args(["build", "--quiet", "--build-arg", "BINARY=prebuilt"])
         .args(["--build-arg", &format!("CERTS_IMAGE={base}")])
-        .args(["--build-arg", &format!("RUNTIME_IMAGE={base}")])
+        .args(["--build-arg", &format!("RUNTIME_IMAGE={runtime}")])
         .args(["--label", &format!("dev.nightshift.test-build={build}")])
         .arg("-f")
-        .arg(repo_root().join("Dockerfile"))
+        .arg(&dockerfile)
         .args(["-t", &reference])
         .arg(context.path()));
     eprintln!("[image] built {reference} in {:.1?}", started.elapsed());
