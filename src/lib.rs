@@ -10,7 +10,6 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod api;
-pub mod auth;
 pub mod batches;
 pub mod cli;
 pub mod clock;
@@ -25,11 +24,11 @@ pub mod grants;
 pub mod idempotency;
 pub mod ids;
 pub mod k8s;
+pub mod lifecycle;
 pub mod metrics;
+pub mod projects;
 pub mod quota;
-pub mod reconcile;
 pub mod roles;
-pub mod schedule;
 pub mod serve_runtime;
 pub mod storage;
 pub mod telemetry;

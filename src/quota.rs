@@ -15,8 +15,8 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
-use crate::auth::Projects;
 use crate::ids::{BatchId, ProjectId};
+use crate::projects::Projects;
 
 #[derive(Default)]
 struct ProjectUsage {

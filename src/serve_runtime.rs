@@ -18,7 +18,7 @@ use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::worker::{ShardExit, run_shard};
 use crate::exec::{ExecContext, ExecError};
 use crate::ids::{BatchId, FileId, ProjectId};
-use crate::schedule::{Candidate, allot, allot_in_order};
+use crate::lifecycle::schedule::{Candidate, allot, allot_in_order};
 use crate::validate::Shard;
 
 struct Worker {
@@ -127,7 +127,7 @@ impl Runner {
         }
     }
 
-    /// Shares the shard slots among the batches that run (`crate::schedule`), and stops
+    /// Shares the shard slots among the batches that run (`crate::lifecycle::schedule`), and stops
     /// shards of a batch that runs more than its share now (they go on later from their
     /// checkpoints).
     async fn allot(&self, batches: &[Batch]) {

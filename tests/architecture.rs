@@ -20,15 +20,15 @@ use syn::visit::Visit;
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundations: values, time, storage and the input's format",
-        &["clock", "duration", "ids", "telemetry", "storage", "validate", "schedule"],
+        &["clock", "duration", "ids", "telemetry", "storage", "validate"],
     ),
     ("the records: files, uploads, idempotency keys, batches", &["idempotency", "files", "uploads", "batches"]),
     ("what is counted", &["metrics"]),
     ("the pure rules of webhooks and of concurrency", &["webhooks", "concurrency"]),
     ("the configuration, typed", &["config"]),
-    ("who may do what: projects, quotas, webhook delivery", &["auth", "quota", "dev", "webhooks::deliver"]),
+    ("who may do what: projects, quotas, webhook delivery", &["projects", "quota", "dev", "webhooks::deliver"]),
     ("running lines against upstreams", &["exec"]),
-    ("dividing capacity, and the lifecycle's decisions", &["grants", "reconcile"]),
+    ("dividing capacity, and the lifecycle's decisions", &["grants", "lifecycle"]),
     ("driving batches through their lifecycle", &["drive"]),
     ("the surfaces: HTTP, Kubernetes, serve's runtime", &["api", "k8s", "serve_runtime"]),
     ("the roles of the binary", &["roles"]),

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::auth::AuthError;
+use crate::projects::AuthError;
 use crate::storage::StorageError;
 
 /// OpenAI's `error.type` vocabulary.

@@ -7,7 +7,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ErrorType};
-use crate::auth::Project;
+use crate::projects::Project;
 
 /// `axum::Json`, rejecting bad bodies with OpenAI-shaped 400s (and 413 when too big).
 pub struct Json<T>(pub T);

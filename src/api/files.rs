@@ -33,7 +33,7 @@ fn file_not_found(id: &str) -> ApiError {
     ApiError::not_found("file_not_found", format!("No such file: {id}")).with_param("file_id")
 }
 
-async fn find(state: &AppState, project: &crate::auth::Project, id: &str) -> Result<FileRecord, ApiError> {
+async fn find(state: &AppState, project: &crate::projects::Project, id: &str) -> Result<FileRecord, ApiError> {
     state.files.find(&project.id, id).await?.ok_or_else(|| file_not_found(id))
 }
 

@@ -15,9 +15,9 @@ use tracing::Instrument;
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::rate_limits::ClientAddress;
-use crate::auth::{Credentials, Project};
 use crate::ids::RequestId;
 use crate::metrics::{HttpLabels, METRICS, RouteLabels};
+use crate::projects::{Credentials, Project};
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 

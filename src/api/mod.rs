@@ -22,9 +22,9 @@ pub use error::{ApiError, ErrorType};
 pub use middleware::REQUEST_ID_HEADER;
 pub use shutdown::Drain;
 
-use crate::auth::ProjectDirectory;
 use crate::batches::{BatchSettings, BatchStore};
 use crate::files::FileCatalog;
+use crate::projects::ProjectDirectory;
 use crate::quota::QuotaLedger;
 use tokio::sync::Notify;
 

@@ -16,9 +16,9 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
 
 use super::error::{ApiError, ErrorType};
-use crate::auth::Project;
 use crate::config::HttpConfig;
 use crate::ids::ProjectId;
+use crate::projects::Project;
 
 /// The address of the client at the other end of the connection (set by the server).
 #[derive(Clone, Copy, Debug)]

@@ -3,20 +3,19 @@
 
 pub mod create;
 mod embedded;
-pub mod eta;
-mod lifecycle;
 mod model;
 mod object;
 mod retention;
 mod schema;
 mod store;
+mod transitions;
 
 pub use create::{BatchSettings, CreateBatch};
 pub use embedded::EmbeddedBatchStore;
-pub use lifecycle::{Refusal, cancel};
 pub use model::{
     Batch, BatchError, BatchSpec, BatchState, Condition, Ending, RequestCounts, ReservedFiles, Status, Usage,
 };
 pub use object::BatchObject;
 pub use retention::run_retention_loop;
 pub use store::{BatchPage, BatchStore, StateChange, StoreError, UpdateError};
+pub use transitions::{Refusal, cancel};

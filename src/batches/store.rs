@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 
-use super::lifecycle::Refusal;
 use super::model::{Batch, BatchState};
+use super::transitions::Refusal;
 use crate::ids::{BatchId, ProjectId};
 
 #[derive(Debug, thiserror::Error)]

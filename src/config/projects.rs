@@ -21,7 +21,7 @@ pub struct ProjectConfig {
     /// whsec_...}` each).
     #[serde(default)]
     pub webhooks: Vec<Webhook>,
-    /// Its share of capacity when batches of several projects wait (`crate::schedule`):
+    /// Its share of capacity when batches of several projects wait (`crate::lifecycle::schedule`):
     /// a project of weight 2 runs twice the shards of one of weight 1.
     #[serde(default)]
     pub weight: Weight,

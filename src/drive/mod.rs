@@ -2,16 +2,15 @@
 //!
 //! A pass over one batch reads which workers its runtime knows of (before the shards'
 //! checkpoints: a worker that ends in between is then seen as running, never as stopped
-//! with its last chunk unseen), loads the checkpoints, asks [`crate::reconcile::decide`]
+//! with its last chunk unseen), loads the checkpoints, asks [`crate::lifecycle::decide::decide`]
 //! what comes next, saves the new state, and acts: starts or stops workers as
-//! [`plan::plan`] says, drains, or finalizes.
+//! [`crate::lifecycle::workers::plan`] says, drains, or finalizes.
 //!
 //! What differs between the runtimes is behind [`Runtime`]: `nightshift serve` runs
 //! workers as tasks and saves to its embedded store (`crate::serve_runtime`); the controller
 //! runs them as Jobs and saves to the Batch's status (`crate::k8s::controller`).
 
 pub mod create;
-pub mod plan;
 #[cfg(test)]
 mod tests;
 
@@ -19,7 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 
-use crate::batches::eta;
 use crate::batches::{Batch, BatchState, Ending, ReservedFiles, Status};
 use crate::clock;
 use crate::exec::checkpoint::ShardLedger;
@@ -27,10 +25,11 @@ use crate::exec::drain::drain_shard;
 use crate::exec::finalize::finalize;
 use crate::exec::{ExecContext, ExecError, failure};
 use crate::ids::FileId;
-use crate::reconcile::{Action, ShardProgress, decide, finalize_failing, finished};
+use crate::lifecycle::decide::{Action, ShardProgress, decide, finalize_failing, finished};
+pub use crate::lifecycle::workers::{WorkerPhase, WorkerPlan};
+use crate::lifecycle::{eta, workers as worker_plan};
 use crate::validate::Shard;
 use crate::webhooks;
-pub use plan::{WorkerPhase, WorkerPlan};
 
 /// What a runtime does that the driver can't: know, start and stop workers, and save.
 #[async_trait]
@@ -122,7 +121,7 @@ pub async fn drive<R: Runtime>(runtime: &R, exec: &ExecContext, batch: Batch) ->
     }
 
     // Act.
-    let work = plan::plan(&decision.action, &workers, runtime.free_slots(&batch));
+    let work = worker_plan::plan(&decision.action, &workers, runtime.free_slots(&batch));
     let batch = match retire_failed(runtime, exec, batch, &work.retire).await? {
         Some(batch) => batch,
         None => return Ok(Next::Now),
@@ -167,7 +166,7 @@ async fn retire_failed<R: Runtime>(
     if failed.is_empty() {
         return Ok(Some(batch));
     }
-    let budgeted = plan::budget(failed, &batch.state.shard_failures, exec.settings.max_shard_retries);
+    let budgeted = worker_plan::budget(failed, &batch.state.shard_failures, exec.settings.max_shard_retries);
     let mut state = batch.state.clone();
     state.shard_failures = budgeted.failures.clone();
     let Some(batch) = runtime.save(&batch, state).await? else { return Ok(None) };

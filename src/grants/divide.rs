@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{Ack, Grant};
-use crate::schedule::shares;
+use crate::lifecycle::schedule::shares;
 
 /// One worker as the controller sees it: what it was last granted and what it last
 /// acknowledged (`None`: it has not answered yet).

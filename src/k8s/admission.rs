@@ -1,5 +1,5 @@
 //! Which Batches start shard Jobs when the installation's `max_running_shards` is
-//! short: each in-progress Batch's share of the slots ([`crate::schedule`]: projects by
+//! short: each in-progress Batch's share of the slots ([`crate::lifecycle::schedule`]: projects by
 //! weight, earliest deadline first within one; or first come, first served), read off
 //! the controller's caches. A Batch starts Jobs only while it runs fewer than its
 //! share; one above it (it started before the others came) keeps its Jobs, and the
@@ -16,7 +16,7 @@ use super::jobs::job_workers;
 use crate::batches::Status;
 use crate::config::Scheduling;
 use crate::drive::WorkerPhase;
-use crate::schedule::{Candidate, allot, allot_in_order};
+use crate::lifecycle::schedule::{Candidate, allot, allot_in_order};
 
 /// How many shard Jobs `ours` (the Batch being driven) may run now, of `slots` over the
 /// installation, beside the other in-progress Batches of the cache; `weights` by

@@ -35,8 +35,8 @@ use crate::clock;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
+use crate::lifecycle::decide as decisions;
 use crate::metrics::{METRICS, ReasonLabel};
-use crate::reconcile as decisions;
 use crate::storage::StorageError;
 use crate::validate::Shard;
 

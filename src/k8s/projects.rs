@@ -12,8 +12,8 @@ use kube::runtime::watcher;
 
 use super::controller::cache;
 use super::crd::ProjectResource;
-use crate::auth::{ProjectDirectory, Projects};
 use crate::config::{ApiKeyConfig, ProjectConfig, QuotaConfig, Weight};
+use crate::projects::{ProjectDirectory, Projects};
 use crate::quota::QuotaLedger;
 use crate::webhooks::Webhook;
 

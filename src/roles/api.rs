@@ -12,11 +12,11 @@ use tokio::sync::Notify;
 
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
-use crate::auth::ProjectDirectory;
 use crate::config::Config;
 use crate::files::FileCatalog;
 use crate::k8s::controller::check_crds;
 use crate::k8s::store::{KubeBatchStore, to_batch};
+use crate::projects::ProjectDirectory;
 use crate::quota::QuotaLedger;
 
 #[derive(Args, Debug, Clone)]

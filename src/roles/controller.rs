@@ -72,7 +72,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The controller drains and finalizes; it never calls upstreams (workers do).
     let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
     // Projects with their webhooks' signing secrets, for the deliverer.
-    let directory = Arc::new(crate::auth::ProjectDirectory::default());
+    let directory = Arc::new(crate::projects::ProjectDirectory::default());
     let projects =
         crate::k8s::projects::follow(client.clone(), &namespace, directory.clone(), Arc::new(QuotaLedger::default()))
             .await?;

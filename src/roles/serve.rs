@@ -7,13 +7,13 @@ use anyhow::Context;
 
 use super::{open_store, shutdown_signal};
 use crate::api::{self, AppState, Drain};
-use crate::auth::{ProjectDirectory, Projects};
 use crate::batches::{EmbeddedBatchStore, run_retention_loop};
 use crate::concurrency::control::Mode;
 use crate::config::Config;
 use crate::exec::upstream::Upstreams;
 use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
+use crate::projects::{ProjectDirectory, Projects};
 use crate::quota::QuotaLedger;
 use crate::serve_runtime::Runner;
 

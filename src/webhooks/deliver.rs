@@ -13,9 +13,9 @@ use futures_util::StreamExt;
 use super::event::Event;
 use super::outbox::{self, Delivery};
 use super::{Webhook, WebhooksConfig, sign, target};
-use crate::auth::ProjectDirectory;
 use crate::clock::{self, UnixSeconds};
 use crate::metrics::METRICS;
+use crate::projects::ProjectDirectory;
 use crate::storage::{ObjectStore, StorageError};
 
 /// Attempts made at once in a pass, over every event and endpoint.

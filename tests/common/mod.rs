@@ -31,11 +31,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use nightshift::api::{self, AppState};
-use nightshift::auth::Projects;
 use nightshift::batches::{BatchSettings, EmbeddedBatchStore};
 use nightshift::config::{ApiKeyConfig, ProjectConfig};
 use nightshift::files::FileCatalog;
 use nightshift::ids::ProjectId;
+use nightshift::projects::Projects;
 use nightshift::storage::{DirStore, ObjectStore, S3Settings, S3Store, StaticKeys};
 use tempfile::TempDir;
 use tower::ServiceExt;
@@ -224,7 +224,7 @@ impl TestApp {
         let state = AppState {
             quota,
             wake: Default::default(),
-            projects: Arc::new(nightshift::auth::ProjectDirectory::new(projects)),
+            projects: Arc::new(nightshift::projects::ProjectDirectory::new(projects)),
             files: files.clone(),
             batches: batches.clone(),
             batch_settings: BatchSettings {

@@ -3,7 +3,7 @@
 //! Pure. Shown as the Batch object's `estimated_completion_at` (an extension field), in
 //! the Batch resource's status and as `kubectl get batches`' ETA column.
 
-use super::model::{BatchState, Status};
+use crate::batches::{BatchState, Status};
 use crate::clock::UnixSeconds;
 
 /// The projection for `next` (the state a pass is about to save over `previous`):
@@ -37,7 +37,7 @@ pub fn newly_late(previous: &BatchState, next: &BatchState, expires_at: UnixSeco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batches::model::RequestCounts;
+    use crate::batches::RequestCounts;
 
     fn state(done: u64, total: u64, eta: Option<i64>) -> BatchState {
         let mut state = BatchState::in_progress(1_000, total);

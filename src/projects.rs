@@ -27,7 +27,7 @@ pub struct Project {
     pub requests_per_minute: Option<u32>,
     /// Where its batch events go.
     pub webhooks: Vec<crate::webhooks::Webhook>,
-    /// Its share of capacity (`crate::schedule`).
+    /// Its share of capacity (`crate::lifecycle::schedule`).
     pub weight: u32,
     keys: Vec<StoredKey>,
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::reconcile::Action;
+use crate::lifecycle::decide::Action;
 
 /// A shard's worker, as its runtime reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

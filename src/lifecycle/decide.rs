@@ -95,7 +95,7 @@ pub fn decide(batch: &Batch, shards: &[ShardProgress], running: &BTreeSet<u32>, 
     };
     // Only a batch that runs to the end of its lines has one (not one winding down).
     state.estimated_completion_at = match state.ending {
-        None => crate::batches::eta::estimate(&batch.state, &state, now),
+        None => crate::lifecycle::eta::estimate(&batch.state, &state, now),
         Some(_) => None,
     };
     Decision { state, action }
