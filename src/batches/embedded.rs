@@ -102,7 +102,8 @@ fn marked(key: &Key) -> Option<(ProjectId, BatchId)> {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(key: &Key, bytes: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Backend(format!("unreadable document {key}: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Storage(StorageError::Corrupt(format!("unreadable document {key}: {e}"))))
 }
 
 impl EmbeddedBatchStore {

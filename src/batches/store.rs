@@ -11,8 +11,12 @@ use crate::ids::{BatchId, ProjectId};
 pub enum StoreError {
     #[error("batch store: {0}")]
     Storage(#[from] crate::storage::StorageError),
+    /// The store's backend (the Kubernetes API) failed; its error is kept as it came.
     #[error("batch store: {0}")]
-    Backend(String),
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Another writer took the batch over before this write could land.
+    #[error("batch store: {0}")]
+    Superseded(String),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -78,15 +78,25 @@ pub const ECHO_MODEL: &str = "echo";
 /// Requests in flight to the built-in echo model.
 const ECHO_CONCURRENCY: usize = 256;
 
+/// An upstream of the configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream {upstream}: the environment variable {variable} (api_key_env) is not set")]
+    ApiKeyUnset { upstream: String, variable: String },
+    #[error("upstream {upstream}: base_url {base_url:?} is not a URL: {source}")]
+    BaseUrl { upstream: String, base_url: String, source: url::ParseError },
+}
+
 impl Upstreams {
     /// Every upstream with its whole `max_concurrency` (in `serve`), or with none until
     /// granted some (`granted`: a Kubernetes worker, see `crate::grants`).
-    pub fn from_config(configs: &[UpstreamConfig], granted: bool) -> Result<Self, String> {
+    pub fn from_config(configs: &[UpstreamConfig], granted: bool) -> Result<Self, UpstreamError> {
         let mut upstreams = Vec::new();
         for config in configs {
             let api_key = match &config.api_key_env {
-                Some(name) => Some(std::env::var(name).map_err(|_| {
-                    format!("upstream {}: the environment variable {name} (api_key_env) is not set", config.name)
+                Some(name) => Some(std::env::var(name).map_err(|_| UpstreamError::ApiKeyUnset {
+                    upstream: config.name.clone(),
+                    variable: name.clone(),
                 })?),
                 None => None,
             };
@@ -95,8 +105,10 @@ impl Upstreams {
                 .iter()
                 .map(|path| reqwest::Url::parse(&format!("{base}{}", path.trim_start_matches("/v1"))))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| {
-                    format!("upstream {}: base_url {:?} is not a URL: {error}", config.name, config.base_url)
+                .map_err(|source| UpstreamError::BaseUrl {
+                    upstream: config.name.clone(),
+                    base_url: config.base_url.clone(),
+                    source,
                 })?;
             upstreams.push(Upstream {
                 name: config.name.clone(),

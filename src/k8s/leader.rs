@@ -146,10 +146,10 @@ impl LeaderElection {
     }
 
     /// One attempt, bounded in time: a request that hangs counts as failed.
-    async fn attempt(&mut self, within: Duration) -> Result<bool, String> {
+    async fn attempt(&mut self, within: Duration) -> Result<bool, AttemptError> {
         match tokio::time::timeout(within, self.try_acquire()).await {
-            Ok(result) => result.map_err(|error| error.to_string()),
-            Err(_) => Err(format!("no answer within {within:?}")),
+            Ok(result) => Ok(result?),
+            Err(_) => Err(AttemptError::Timeout(within)),
         }
     }
 
@@ -191,6 +191,15 @@ impl LeaderElection {
             }
         }
     }
+}
+
+/// Why an attempt on the Lease failed.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub struct KubeBatchStore {
 }
 
 fn backend(error: kube::Error) -> StoreError {
-    StoreError::Backend(error.to_string())
+    StoreError::Backend(Box::new(error))
 }
 
 fn is_conflict(error: &kube::Error) -> bool {
@@ -144,7 +144,7 @@ impl BatchStore for KubeBatchStore {
                 None => current = self.api.get(&name).await.map_err(backend)?,
             }
             if current.status.is_some() {
-                return Err(StoreError::Backend(format!(
+                return Err(StoreError::Superseded(format!(
                     "batch {name} was recovered by the controller before the api wrote its first status"
                 )));
             }

@@ -24,7 +24,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let batches = Arc::new(EmbeddedBatchStore::open(store.clone()).await.context("cannot load the batch store")?);
     let projects = Projects::from_config(&project_configs);
     let quota = Arc::new(QuotaLedger::new(&projects));
-    let upstreams = Upstreams::from_config(&config.upstreams, false).map_err(anyhow::Error::msg)?;
+    let upstreams = Upstreams::from_config(&config.upstreams, false)?;
     if config.upstreams.is_empty() {
         println!("No upstreams configured: every model is served by the built-in echo model.");
     }

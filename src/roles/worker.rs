@@ -161,7 +161,7 @@ async fn serve_metrics(address: std::net::SocketAddr) {
 async fn exec_context(config: &Config, args: &WorkerArgs) -> anyhow::Result<ExecContext> {
     let store = open_store(&config.storage).await?;
     let files = FileCatalog::new(store.clone(), config.files.retention);
-    let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some()).map_err(anyhow::Error::msg)?;
+    let upstreams = Upstreams::from_config(&config.upstreams, args.grant_name.is_some())?;
     // With grants, the controller says what this worker may spend (its project's quota
     // shared by its running workers, or no bound); without, it may spend what was left
     // when its Job was made.
