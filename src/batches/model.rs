@@ -66,6 +66,27 @@ pub struct BatchSpec {
     pub plan: ShardPlan,
 }
 
+#[cfg(test)]
+impl BatchSpec {
+    /// A chat-completions batch of `plan` with new ids, created at `created_at`, expiring at
+    /// `expires_at` (tests).
+    pub(crate) fn sample(plan: ShardPlan, created_at: UnixSeconds, expires_at: UnixSeconds) -> Self {
+        Self {
+            id: BatchId::generate(),
+            project_id: ProjectId::generate(),
+            input_file_id: FileId::generate(),
+            endpoint: "/v1/chat/completions".into(),
+            completion_window: "24h".into(),
+            metadata: Map::default(),
+            created_at,
+            expires_at,
+            model: None,
+            output_expires_after: None,
+            plan,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RequestCounts {
     pub total: u64,

@@ -10,7 +10,6 @@ use crate::batches::BatchSpec;
 use crate::exec::ExecSettings;
 use crate::exec::upstream::Upstreams;
 use crate::files::FileCatalog;
-use crate::ids::{BatchId, ProjectId};
 use crate::quota::QuotaLedger;
 use crate::storage::DirStore;
 use crate::validate::ShardPlan;
@@ -68,26 +67,11 @@ impl Runtime for Fake {
 
 /// A batch of `shards` shards of 10 lines each, none recorded, expiring in an hour.
 fn batch(shards: u32, status: Status, failures: &[(u32, u32)]) -> Batch {
-    let shards = (0..shards)
-        .map(|index| Shard { index, first_request: u64::from(index) * 10, requests: 10, byte_start: 0, byte_end: 0 })
-        .collect::<Vec<_>>();
     let now = clock::now();
-    let mut state = BatchState::in_progress(now, 10 * shards.len() as u64);
+    let spec = BatchSpec::sample(ShardPlan::of_sizes(&vec![10; shards as usize]), now, now + 3600);
+    let mut state = BatchState::in_progress(now, 10 * u64::from(shards));
     state.status = status;
     state.shard_failures = failures.iter().copied().collect();
-    let spec = BatchSpec {
-        id: BatchId::generate(),
-        project_id: ProjectId::generate(),
-        input_file_id: FileId::generate(),
-        endpoint: "/v1/chat/completions".into(),
-        completion_window: "24h".into(),
-        metadata: Default::default(),
-        created_at: now,
-        expires_at: now + 3600,
-        model: None,
-        output_expires_after: None,
-        plan: ShardPlan { shard_lines: 10, shards },
-    };
     Batch { spec, state }
 }
 

@@ -22,6 +22,24 @@ pub struct ShardPlan {
     pub shards: Vec<Shard>,
 }
 
+#[cfg(test)]
+impl ShardPlan {
+    /// Shards of these many requests each, one after the other (tests: no bytes behind them).
+    pub(crate) fn of_sizes(sizes: &[u64]) -> Self {
+        let mut first = 0;
+        let shards = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &requests)| {
+                let shard = Shard { index: index as u32, first_request: first, requests, byte_start: 0, byte_end: 0 };
+                first += requests;
+                shard
+            })
+            .collect();
+        Self { shard_lines: 10, shards }
+    }
+}
+
 pub(super) struct ShardPlanner {
     plan: ShardPlan,
     requests: u64,

@@ -1,37 +1,13 @@
 use super::*;
 use crate::batches::{BatchSpec, BatchState};
-use crate::ids::{BatchId, FileId, ProjectId};
-use crate::validate::{Shard, ShardPlan};
+use crate::ids::FileId;
+use crate::validate::ShardPlan;
 
 fn batch(shards: &[u64], status: Status) -> Batch {
-    let mut first = 0;
-    let shards = shards
-        .iter()
-        .enumerate()
-        .map(|(index, &requests)| {
-            let shard = Shard { index: index as u32, first_request: first, requests, byte_start: 0, byte_end: 0 };
-            first += requests;
-            shard
-        })
-        .collect();
-    let mut state = BatchState::in_progress(100, first);
+    let spec = BatchSpec::sample(ShardPlan::of_sizes(shards), 100, 1000);
+    let mut state = BatchState::in_progress(100, shards.iter().sum());
     state.status = status;
-    Batch {
-        spec: BatchSpec {
-            id: BatchId::generate(),
-            project_id: ProjectId::generate(),
-            input_file_id: FileId::generate(),
-            endpoint: "/v1/chat/completions".into(),
-            completion_window: "24h".into(),
-            metadata: Default::default(),
-            created_at: 100,
-            expires_at: 1000,
-            model: None,
-            output_expires_after: None,
-            plan: ShardPlan { shard_lines: 10, shards },
-        },
-        state,
-    }
+    Batch { spec, state }
 }
 
 fn progress(requests: u64, completed: u64, failed: u64) -> ShardProgress {
