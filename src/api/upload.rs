@@ -16,8 +16,8 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::CurrentProject;
 use super::idempotent::{self, Begin};
-use crate::files::{ExpiresAfter, FileObject, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
-use crate::idempotency::{Claim, IdempotencyKey, fingerprint};
+use crate::files::{ExpiresAfter, FileObject, FileRecord, MAX_UPLOAD_BYTES, NewFile, Purpose, Upload, expiry};
+use crate::idempotency::{IdempotencyKey, fingerprint};
 use crate::ids::{FileId, ProjectId};
 
 /// The request may carry a little more than the file: boundaries and other fields.
@@ -113,10 +113,14 @@ pub async fn create_file(
     let claimed = match (idempotency_key, fingerprint) {
         (Some(key), Some(fingerprint)) => {
             match claim(&state, &project.id, &key, fingerprint, file.id().to_string()).await {
-                Ok(claim) => Some((key, claim)),
-                Err(answer) => {
+                Ok(Begin::Create(claim)) => Some((key, claim)),
+                Ok(Begin::Replay(record)) => {
                     file.abort().await;
-                    return answer;
+                    return Ok(idempotent::replayed(Json(FileObject::from(&record))));
+                }
+                Err(error) => {
+                    file.abort().await;
+                    return Err(error);
                 }
             }
         }
@@ -153,14 +157,14 @@ fn check_headers(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// The upload's idempotency key claimed for the file being made; or, when the same
-/// request made a file before, the answer it had (`Err`, as an early answer).
+/// request made a file before, that file.
 async fn claim(
     state: &AppState,
     project: &ProjectId,
     key: &IdempotencyKey,
     fingerprint: String,
     file_id: String,
-) -> Result<Claim, Result<Response, ApiError>> {
+) -> Result<Begin<FileRecord>, ApiError> {
     let find = |object_id: String| {
         let (files, project) = (state.files.clone(), project.clone());
         async move {
@@ -168,11 +172,7 @@ async fn claim(
             files.record(&project, &id).await.map_err(ApiError::from)
         }
     };
-    match idempotent::begin(&state.idempotency, project, key, fingerprint, file_id, find).await {
-        Ok(Begin::Create(claim)) => Ok(claim),
-        Ok(Begin::Replay(record)) => Err(Ok(idempotent::replayed(Json(FileObject::from(&record))))),
-        Err(error) => Err(Err(error)),
-    }
+    idempotent::begin(&state.idempotency, project, key, fingerprint, file_id, find).await
 }
 
 /// What the multipart body holds, as far as read.

@@ -44,12 +44,7 @@ pub async fn create_batch(
         plan: Default::default(),
     };
 
-    let verdict = match validate_input(files, &input, &spec.endpoint, settings).await {
-        Err(CreateError::Storage(StorageError::NotFound(_))) => {
-            return Err(CreateError::InputMissing(request.input_file_id));
-        }
-        verdict => verdict?,
-    };
+    let verdict = validate_input(files, &input, &spec.endpoint, settings).await?;
 
     let now = clock::now();
     match verdict {
@@ -79,7 +74,7 @@ pub async fn create_batch(
 }
 
 /// One streaming validation pass over `input` (a file too large is refused unread; one
-/// gone from storage is `StorageError::NotFound`).
+/// whose bytes are gone from storage is `InputMissing`).
 async fn validate_input(
     files: &FileCatalog,
     input: &FileRecord,
@@ -89,10 +84,14 @@ async fn validate_input(
     if input.bytes > validate::MAX_FILE_BYTES {
         return Ok(Err(validate::file_too_large()));
     }
-    let mut content = files.open(input).await?;
+    let missing = |error| match error {
+        StorageError::NotFound(_) => CreateError::InputMissing(input.id.to_string()),
+        error => CreateError::Storage(error),
+    };
+    let mut content = files.open(input).await.map_err(missing)?;
     let mut validator = Validator::with_endpoints(endpoint, settings.shard_lines, settings.endpoints);
     while let Some(chunk) = content.next().await {
-        if let Err(invalid) = validator.feed(&chunk?) {
+        if let Err(invalid) = validator.feed(&chunk.map_err(missing)?) {
             return Ok(Err(invalid));
         }
     }
