@@ -164,6 +164,14 @@ impl Serve {
         Self { url, client: reqwest::Client::new(), _process: process, _work: work }
     }
 
+    /// The same installation started again, its storage kept: a restarted process.
+    fn restarted(self) -> Self {
+        let Self { client, _process: process, _work: work, .. } = self;
+        drop(process);
+        let (process, url) = serve::spawn(&work.path().join("nightshift.yaml"), &work.path().join("data"), "warn");
+        Self { url, client, _process: process, _work: work }
+    }
+
     fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         request.header("x-project-id", PROJECT).header("x-api-key", KEY)
     }
@@ -269,17 +277,21 @@ fn main() {
             println!("short batches at 300 ms, ceiling 256: untuned (adaptive) against fixed 256, create to completed");
             let fixed = Serve::start(&upstream, false);
             for lines in [1_000, 3_000, 12_000] {
-                // A fresh process: the limit starts from the start, as on a first batch;
-                // then the same process's next batch, from the limit the first one found.
+                // A fresh installation: the limit starts from the start, as on a first batch;
+                // then the same process's next batch, from the limit the first one found;
+                // then the first batch of the process started again, from the limit kept.
                 let serve = Serve::start(&upstream, true);
                 let first = serve.batch("c256-lat300", lines).await;
                 let next = serve.batch("c256-lat300", lines).await;
+                let serve = serve.restarted();
+                let restarted = serve.batch("c256-lat300", lines).await;
                 let best = fixed.batch("c256-lat300", lines).await;
-                let [first, next, best] = [first, next, best].map(|time| time.as_secs_f64());
+                let [first, next, restarted, best] = [first, next, restarted, best].map(|time| time.as_secs_f64());
                 println!(
-                    "  {lines:>6} lines: untuned {first:>6.2} s ({:.2}x), its next batch {next:>6.2} s ({:.2}x); fixed 256 {best:>6.2} s",
+                    "  {lines:>6} lines: untuned {first:>6.2} s ({:.2}x), its next batch {next:>6.2} s ({:.2}x), after a restart {restarted:>6.2} s ({:.2}x); fixed 256 {best:>6.2} s",
                     first / best,
                     next / best,
+                    restarted / best,
                 );
             }
         }

@@ -68,6 +68,11 @@ impl Governor {
         }
     }
 
+    /// A governor over counts of this process that starts at a limit found before.
+    pub fn resume(ceiling: u32, limit: u32) -> Self {
+        Self { rule: Rule::resume(ceiling, limit), ..Self::new(ceiling) }
+    }
+
     /// A governor over counts that reach it late (reported by other processes).
     pub fn with_late_counts(ceiling: u32) -> Self {
         Self { rule: Rule::with_settled_start(ceiling), start_window: (MIN_WINDOW, 2), ..Self::new(ceiling) }
@@ -75,6 +80,11 @@ impl Governor {
 
     pub fn limit(&self) -> u32 {
         self.rule.limit()
+    }
+
+    /// Whether the limit is one measured at the server (past the doubling from the start).
+    pub fn has_measured(&self) -> bool {
+        !self.rule.is_starting()
     }
 
     /// Takes a look in; returns the limit to use now (before the load signal's cap,

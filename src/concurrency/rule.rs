@@ -98,6 +98,13 @@ impl Rule {
         Self { settled_start: true, ..Self::new(ceiling) }
     }
 
+    /// A rule that starts at a limit found before (by an earlier run of the process): it
+    /// measures there and probes from it, as after a hold, instead of doubling from
+    /// [`INITIAL`].
+    pub fn resume(ceiling: u32, limit: u32) -> Self {
+        Self { limit: limit.clamp(1, ceiling.max(1)), phase: Phase::Measure, ..Self::new(ceiling) }
+    }
+
     pub fn limit(&self) -> u32 {
         self.limit
     }
@@ -212,6 +219,21 @@ fn gain(base: &Point, here: &Point) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_rule_starts_at_its_limit_and_probes_from_there() {
+        let mut rule = Rule::resume(256, 200);
+        assert_eq!(rule.limit(), 200);
+        assert!(!rule.is_starting());
+        // A server that takes 200 and gains nothing past it: a probe up (judged after a
+        // window to settle), one down, and back to 200.
+        let server = |n: u32| f64::from(n.min(200)) * 10.0;
+        let limits = drive(&mut rule, 256, 6, server);
+        assert_eq!(limits[..5], [200, 250, 250, 160, 160], "{limits:?}");
+        assert_eq!(rule.limit(), 200, "{limits:?}");
+        assert_eq!(Rule::resume(64, 200).limit(), 64, "never above the ceiling");
+        assert_eq!(Rule::resume(64, 0).limit(), 1);
+    }
 
     /// A server that gives `rate(limit)` tokens/s with every slot busy.
     fn window(tokens_per_sec: f64, in_flight: f64) -> Window {

@@ -17,6 +17,7 @@ pub mod limiter;
 pub mod owner;
 pub mod permits;
 pub mod records;
+pub mod remembered;
 pub mod upstream;
 pub mod worker;
 

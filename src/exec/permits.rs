@@ -8,11 +8,13 @@
 //! reads the signal and holds its own lines; a signal gone stale is set aside
 //! ([`crate::concurrency::staleness`]).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::remembered::LimitMemory;
 use super::upstream::{Upstream, Upstreams};
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
@@ -22,6 +24,7 @@ use crate::concurrency::headroom::{self, Headroom, Occupancy};
 use crate::concurrency::signals;
 use crate::concurrency::staleness::{Sample, Stale, Staleness};
 use crate::metrics::METRICS;
+use crate::storage::ObjectStore;
 
 /// How often the loop looks.
 pub const TICK: Duration = Duration::from_millis(50);
@@ -33,15 +36,35 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// now and then on their own would hold it at none for good.
 pub const PROBE_LINES: u32 = 1;
 
-/// Runs every upstream's loop, forever.
-pub async fn govern_all(upstreams: &Upstreams, client: &reqwest::Client, mode: Mode) {
-    futures_util::future::join_all(upstreams.iter().map(|upstream| govern(upstream, client, mode))).await;
+/// Runs every upstream's loop, forever. With `memory` (`serve`'s storage), an adaptive
+/// limit is kept there and resumed from by the next run ([`super::remembered`]).
+pub async fn govern_all(
+    upstreams: &Upstreams,
+    client: &reqwest::Client,
+    mode: Mode,
+    memory: Option<Arc<dyn ObjectStore>>,
+) {
+    futures_util::future::join_all(upstreams.iter().map(|upstream| {
+        let memory = memory.clone().filter(|_| mode == Mode::Local && upstream.adaptive);
+        govern(upstream, client, mode, memory.and_then(|store| LimitMemory::new(store, &upstream.name)))
+    }))
+    .await;
 }
 
 /// Runs forever (the caller drops it to stop).
-pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
+pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, mut memory: Option<LimitMemory>) {
     let limiter = &upstream.limiter;
-    let mut governor = Governor::new(upstream.max_concurrency);
+    let recalled = match memory.as_mut() {
+        Some(memory) => memory.recall().await,
+        None => None,
+    };
+    if let Some(limit) = recalled {
+        tracing::info!(upstream = %upstream.name, limit, "resuming from the limit the last run settled on");
+    }
+    let mut governor = recalled.map_or_else(
+        || Governor::new(upstream.max_concurrency),
+        |limit| Governor::resume(upstream.max_concurrency, limit),
+    );
     let mut caps = LoadCaps::new(upstream);
     let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
     let mut ticks = tokio::time::interval(TICK);
@@ -50,16 +73,20 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode) {
     let looping = async {
         loop {
             ticks.tick().await;
+            let now = std::time::Instant::now();
             let limit = match mode {
                 Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
                 Mode::Local if upstream.adaptive => governor.look(Look {
-                    now: std::time::Instant::now(),
+                    now,
                     counts: upstream.observed.counts(),
                     in_flight: limiter.in_flight(),
                     ceiling: upstream.max_concurrency,
                 }),
                 Mode::Local => upstream.max_concurrency,
             };
+            if let Some(memory) = memory.as_mut().filter(|_| governor.has_measured()) {
+                memory.keep(governor.limit(), now).await;
+            }
             caps.read_when_due(upstream, client, mode, limit).await;
             let target = caps.cap().map_or(limit, |cap| cap.min(limit));
             limit_gauge.set(i64::from(target));

@@ -31,8 +31,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let settings = ExecSettings::from_config(&config.batches);
     let exec = Arc::new(ExecContext::new(store.clone(), files.clone(), upstreams, quota.clone(), settings));
     let control = tokio::spawn({
-        let exec = exec.clone();
-        async move { crate::exec::permits::govern_all(&exec.upstreams, &exec.client, Mode::Local).await }
+        let (exec, memory) = (exec.clone(), Some(store.clone()));
+        async move { crate::exec::permits::govern_all(&exec.upstreams, &exec.client, Mode::Local, memory).await }
     });
     let max_running_shards =
         config.batches.max_running_shards.unwrap_or_else(crate::config::default_max_running_shards);

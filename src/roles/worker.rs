@@ -125,7 +125,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         // A pod holds its Job's slot until it ends: the controller counts Jobs.
         exit = run_shard(&exec, &spec, &shard, &ledger, stop, &|| {}) => exit,
         () = following => unreachable!("following a grant never ends"),
-        () = crate::exec::permits::govern_all(&exec.upstreams, &exec.client, mode) => unreachable!("control loops never end"),
+        () = crate::exec::permits::govern_all(&exec.upstreams, &exec.client, mode, None) => unreachable!("control loops never end"),
     };
     if let Some(run) = &run {
         run.release().await;

@@ -32,6 +32,18 @@ async fn metric(serve: &Serve, series: &str) -> Option<f64> {
     text.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
 }
 
+/// A value of serve's `/metrics` once it is there (the permit loop sets its gauges on its
+/// first tick, about when serve starts answering).
+async fn first_metric(serve: &Serve, series: &str) -> Option<f64> {
+    for _ in 0..50 {
+        if let Some(value) = metric(serve, series).await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
 /// Batch lines for the simulator: `max_tokens` output tokens each.
 fn sim_input(lines: usize, max_tokens: u32) -> Vec<u8> {
     (0..lines)
@@ -127,6 +139,38 @@ async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() 
     // allows): never anywhere near the ceiling. Where exactly it ends after a few seconds
     // is the rule's business (its own tests pin that down).
     assert!((4.0..=40.0).contains(&adaptive_limit), "near the batch size of 8: {adaptive_limit}");
+}
+
+/// The adaptive limit a run of `serve` settles on is kept in its storage, and the next run
+/// starts from it instead of doubling up from 8 again (a batch of a few thousand lines
+/// would spend its life climbing).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
+    let sim =
+        Simulator::start(SimConfig { max_batch: 64, step_base: Duration::from_millis(2), ..SimConfig::default() })
+            .await;
+    let dir = TempDir::new().unwrap();
+    let upstream = format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 256\nbatches:\n  reconcile_interval: 100ms\n",
+        sim.url
+    );
+    let series = "nightshift_upstream_concurrency_limit{upstream=\"sim\"}";
+    let kept = dir.path().join("data/limits/sim.json");
+    {
+        let (serve, client) = start(&dir, &upstream);
+        assert_eq!(first_metric(&serve, series).await, Some(8.0), "a first run starts at 8");
+        let batch = client.create(&client.upload(sim_input(3000, 32)).await).await;
+        let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+        assert_eq!(batch["request_counts"]["completed"], 3000, "{batch}");
+        assert!(kept.exists(), "the limit it found is kept");
+    }
+    let kept: Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
+    let limit = kept["limit"].as_f64().unwrap();
+    assert!(limit > 8.0, "a limit measured past the start: {kept}");
+    let (serve, _client) = start(&dir, &upstream);
+    let resumed = first_metric(&serve, series).await;
+    eprintln!("[night shift] kept {kept}; the next run starts at {resumed:?}");
+    assert_eq!(resumed, Some(limit), "the next run starts where the last one settled");
 }
 
 #[tokio::test(flavor = "multi_thread")]
