@@ -143,6 +143,7 @@ impl Runner {
                     weight: self.weights.get(&batch.spec.project_id).copied().unwrap_or(1),
                     expires_at: batch.spec.expires_at,
                     created_at: batch.spec.created_at,
+                    id: batch.spec.id.to_string(),
                     shards: batch.spec.plan.shards.len().saturating_sub(done),
                 }
             })

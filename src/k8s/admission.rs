@@ -35,24 +35,27 @@ pub fn share(
     let in_progress =
         |b: &BatchResource| b.status.as_ref().is_some_and(|s| s.status == Status::InProgress && s.ending.is_none());
     let others = batches.iter().map(|b| b.as_ref()).filter(|b| b.name_any() != name && in_progress(b));
+    // Jobs by their Batch, once: a pass over each of N Batches looks at all of them.
+    let mut by_batch: HashMap<&str, Vec<&Job>> = HashMap::new();
+    for job in jobs {
+        if let Some(batch) = job.labels().get(BATCH_LABEL) {
+            by_batch.entry(batch.as_str()).or_default().push(job.as_ref());
+        }
+    }
     let candidates: Vec<Candidate<String>> = others
         .chain(std::iter::once(ours))
         .map(|resource| {
             let spec = &resource.spec.batch;
-            let name = resource.name_any();
-            let own: Vec<&Job> = jobs
-                .iter()
-                .map(|job| job.as_ref())
-                .filter(|job| job.labels().get(BATCH_LABEL) == Some(&name))
-                .collect();
+            let own = by_batch.get(resource.name_any().as_str()).map(Vec::as_slice).unwrap_or_default();
             let failures = resource.status.as_ref().map(|s| s.shard_failures.clone()).unwrap_or_default();
-            let done = job_workers(&own, &failures).values().filter(|phase| **phase == WorkerPhase::Succeeded).count();
+            let done = job_workers(own, &failures).values().filter(|phase| **phase == WorkerPhase::Succeeded).count();
             let project = spec.project_id.to_string();
             Candidate {
                 weight: weights.get(&project).copied().unwrap_or(1),
                 project,
                 expires_at: spec.expires_at,
                 created_at: spec.created_at,
+                id: spec.id.to_string(),
                 shards: spec.plan.shards.len().saturating_sub(done),
             }
         })

@@ -356,6 +356,10 @@ impl Runtime for KubeRuntime<'_> {
     fn free_slots(&self, _batch: &Batch) -> Option<usize> {
         let ctx = self.ctx;
         let free = ctx.max_running_shards.saturating_sub(ctx.running_jobs());
+        if free == 0 {
+            // No slot to share: the shares (a look at every Batch) can wait for one.
+            return Some(0);
+        }
         let (batches, jobs) = (ctx.batch_cache.state(), ctx.jobs.state());
         let share =
             share(&self.resource(), &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards);

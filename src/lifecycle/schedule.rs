@@ -14,6 +14,11 @@ pub struct Candidate<P> {
     pub expires_at: i64,
     /// Created at (unix seconds), for ties.
     pub created_at: i64,
+    /// The batch's id, for ties of deadline and creation (a burst of batches made in one
+    /// second): every pass, of every process, ranks the same batches alike. By position
+    /// instead, each Batch the controller drives (put last) saw the others first, and of
+    /// 17 made in one second with 16 slots, none ever started.
+    pub id: String,
     /// Shards it could run now (unfinished ones, running or not).
     pub shards: usize,
 }
@@ -36,7 +41,7 @@ pub fn allot<P: PartialEq>(slots: usize, candidates: &[Candidate<P>]) -> Vec<usi
         let next = |project: &P| {
             (0..candidates.len())
                 .filter(|&at| candidates[at].project == *project && given[at] < candidates[at].shards)
-                .min_by_key(|&at| (candidates[at].expires_at, candidates[at].created_at, at))
+                .min_by_key(|&at| rank(&candidates[at]))
         };
         let choice = projects
             .iter_mut()
@@ -47,10 +52,7 @@ pub fn allot<P: PartialEq>(slots: usize, candidates: &[Candidate<P>]) -> Vec<usi
             .min_by(|(a_held, a, a_weight), (b_held, b, b_weight)| {
                 // held/weight compared without division: a/wa < b/wb ⇔ a·wb < b·wa.
                 let share = (**a_held as u64 * u64::from(*b_weight)).cmp(&(**b_held as u64 * u64::from(*a_weight)));
-                share.then(
-                    (candidates[*a].expires_at, candidates[*a].created_at)
-                        .cmp(&(candidates[*b].expires_at, candidates[*b].created_at)),
-                )
+                share.then(rank(&candidates[*a]).cmp(&rank(&candidates[*b])))
             });
         let Some((held, candidate, _)) = choice else { break };
         *held += 1;
@@ -59,10 +61,15 @@ pub fn allot<P: PartialEq>(slots: usize, candidates: &[Candidate<P>]) -> Vec<usi
     given
 }
 
+/// Which of two batches goes first: the earlier deadline, the older, the smaller id.
+fn rank<P>(candidate: &Candidate<P>) -> (i64, i64, &str) {
+    (candidate.expires_at, candidate.created_at, &candidate.id)
+}
+
 /// First come, first served: the oldest batches take what they can.
 pub fn allot_in_order<P>(slots: usize, candidates: &[Candidate<P>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_by_key(|&at| (candidates[at].created_at, at));
+    order.sort_by_key(|&at| (candidates[at].created_at, &candidates[at].id));
     let mut left = slots;
     let mut given = vec![0; candidates.len()];
     for at in order {
@@ -110,7 +117,28 @@ mod tests {
     use super::*;
 
     fn batch(project: &'static str, weight: u32, expires_at: i64, shards: usize) -> Candidate<&'static str> {
-        Candidate { project, weight, expires_at, created_at: expires_at - 86_400, shards }
+        let id = format!("batch_{project}_{expires_at}_{shards}");
+        Candidate { project, weight, expires_at, created_at: expires_at - 86_400, id, shards }
+    }
+
+    /// Batches made in one second are ranked by id wherever they stand in the list: each
+    /// Batch the controller drives comes last in its own list, and all must agree.
+    #[test]
+    fn ties_go_by_id_not_by_place_in_the_list() {
+        let burst: Vec<Candidate<&'static str>> = (0..17)
+            .map(|n| Candidate { id: format!("batch_{n:02}"), ..batch(if n % 2 == 0 { "a" } else { "b" }, 1, 100, 1) })
+            .collect();
+        for allot in [allot::<&str>, allot_in_order::<&str>] {
+            let mut started = 0;
+            for ours in 0..burst.len() {
+                // Its own view: the others first, itself last.
+                let mut view: Vec<_> =
+                    burst.iter().enumerate().filter(|(at, _)| *at != ours).map(|(_, c)| c.clone()).collect();
+                view.push(burst[ours].clone());
+                started += allot(16, &view)[view.len() - 1];
+            }
+            assert_eq!(started, 16, "every slot is someone's");
+        }
     }
 
     #[test]
