@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
@@ -17,6 +18,9 @@ use crate::batches::Status;
 use crate::config::Scheduling;
 use crate::drive::WorkerPhase;
 use crate::lifecycle::schedule::{Candidate, allot, allot_in_order};
+
+/// An allotment reused for this long, while the running Jobs stay as many.
+pub const FRESH: Duration = Duration::from_millis(500);
 
 /// How many shard Jobs `ours` (the Batch being driven) may run now, of `slots` over the
 /// installation, beside the other in-progress Batches of the cache; `weights` by
@@ -31,6 +35,18 @@ pub fn share(
     scheduling: Scheduling,
     slots: usize,
 ) -> usize {
+    allotment(ours, batches, jobs, weights, scheduling, slots).get(&ours.name_any()).copied().unwrap_or(0)
+}
+
+/// Every in-progress Batch's share (by resource name), `ours` among them as [`share`] counts it.
+pub fn allotment(
+    ours: &BatchResource,
+    batches: &[Arc<BatchResource>],
+    jobs: &[Arc<Job>],
+    weights: &HashMap<String, u32>,
+    scheduling: Scheduling,
+    slots: usize,
+) -> HashMap<String, usize> {
     let name = ours.name_any();
     let in_progress =
         |b: &BatchResource| b.status.as_ref().is_some_and(|s| s.status == Status::InProgress && s.ending.is_none());
@@ -42,8 +58,9 @@ pub fn share(
             by_batch.entry(batch.as_str()).or_default().push(job.as_ref());
         }
     }
-    let candidates: Vec<Candidate<String>> = others
-        .chain(std::iter::once(ours))
+    let resources: Vec<&BatchResource> = others.chain(std::iter::once(ours)).collect();
+    let candidates: Vec<Candidate<String>> = resources
+        .iter()
         .map(|resource| {
             let spec = &resource.spec.batch;
             let own = by_batch.get(resource.name_any().as_str()).map(Vec::as_slice).unwrap_or_default();
@@ -64,7 +81,39 @@ pub fn share(
         Scheduling::Fair => allot(slots, &candidates),
         Scheduling::Fifo => allot_in_order(slots, &candidates),
     };
-    shares[candidates.len() - 1]
+    resources.iter().map(|resource| resource.name_any()).zip(shares).collect()
+}
+
+/// The last allotment, reused while it is [`FRESH`] and the running Jobs are as many:
+/// computed for every pass, it cost O(N) a pass and O(N²) a round of passes, which at
+/// 10,000 Batches in progress took both cores and left new Batches unseen for minutes.
+#[derive(Debug, Default)]
+pub struct Allotments {
+    last: Option<(Instant, usize, HashMap<String, usize>)>,
+}
+
+impl Allotments {
+    /// `name`'s share: the last allotment's while it holds, else `compute`'s (which then
+    /// is kept). A Batch the last one does not know (just in progress) computes anew.
+    pub fn share_of(
+        &mut self,
+        name: &str,
+        running: usize,
+        now: Instant,
+        compute: impl FnOnce() -> HashMap<String, usize>,
+    ) -> usize {
+        if let Some((at, was_running, shares)) = &self.last
+            && now.saturating_duration_since(*at) < FRESH
+            && *was_running == running
+            && let Some(share) = shares.get(name)
+        {
+            return *share;
+        }
+        let shares = compute();
+        let share = shares.get(name).copied().unwrap_or(0);
+        self.last = Some((now, running, shares));
+        share
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +162,31 @@ mod tests {
             job.status = Some(JobStatus { conditions: Some(vec![condition]), ..Default::default() });
         }
         Arc::new(job)
+    }
+
+    #[test]
+    fn an_allotment_is_reused_while_fresh_and_the_running_jobs_are_as_many() {
+        let mut allotments = Allotments::default();
+        let start = Instant::now();
+        let shares = |n: usize| move || HashMap::from([("a".to_owned(), n), ("b".to_owned(), 1)]);
+        assert_eq!(allotments.share_of("a", 3, start, shares(2)), 2);
+        assert_eq!(allotments.share_of("a", 3, start + FRESH / 2, shares(5)), 2, "fresh: reused");
+        assert_eq!(allotments.share_of("b", 3, start + FRESH / 2, shares(5)), 1);
+        assert_eq!(allotments.share_of("a", 4, start + FRESH / 2, shares(5)), 5, "a Job more: anew");
+        assert_eq!(allotments.share_of("c", 4, start + FRESH / 2, shares(6)), 0, "unknown: anew");
+        assert_eq!(allotments.share_of("a", 4, start + FRESH / 2, shares(7)), 6);
+        assert_eq!(allotments.share_of("a", 4, start + FRESH * 2, shares(7)), 7, "stale: anew");
+    }
+
+    #[test]
+    fn a_burst_made_in_one_second_takes_every_slot() {
+        let (a, b) = (ProjectId::generate(), ProjectId::generate());
+        let burst: Vec<_> = (0..17).map(|n| batch(if n < 12 { &a } else { &b }, 1, 100)).collect();
+        let weights = HashMap::new();
+        for scheduling in [Scheduling::Fair, Scheduling::Fifo] {
+            let started: usize = burst.iter().map(|ours| share(ours, &burst, &[], &weights, scheduling, 16)).sum();
+            assert_eq!(started, 16, "{scheduling:?}: every slot is some Batch's");
+        }
     }
 
     #[test]

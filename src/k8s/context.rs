@@ -43,6 +43,8 @@ pub struct Context {
     /// What the checkpoints of each unfinished batch held at its last pass, for the line
     /// and token metrics.
     pub recorded: RecordedMarks,
+    /// The shares of the running shards, as last allotted.
+    pub allotments: Mutex<super::admission::Allotments>,
 }
 
 /// How long a created Job counts as running before the cache shows it.

@@ -24,7 +24,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::admission::share;
+use super::admission::allotment;
 use super::context::{Context, FIELD_MANAGER};
 use super::crd::{BATCH_LABEL, BatchResource};
 use super::guard::valid_only;
@@ -360,9 +360,13 @@ impl Runtime for KubeRuntime<'_> {
             // No slot to share: the shares (a look at every Batch) can wait for one.
             return Some(0);
         }
-        let (batches, jobs) = (ctx.batch_cache.state(), ctx.jobs.state());
+        let ours = self.resource();
+        let running = ctx.max_running_shards - free;
         let share =
-            share(&self.resource(), &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards);
+            ctx.allotments.lock().expect("allotments").share_of(&ours.name_any(), running, Instant::now(), || {
+                let (batches, jobs) = (ctx.batch_cache.state(), ctx.jobs.state());
+                allotment(&ours, &batches, &jobs, &ctx.project_weights(), ctx.scheduling, ctx.max_running_shards)
+            });
         let ours = self.jobs.iter().filter(|job| is_running_worker(job)).count();
         Some(free.min(share.saturating_sub(ours)))
     }

@@ -94,6 +94,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         created: Default::default(),
         starting: Default::default(),
         recorded: Default::default(),
+        allotments: Default::default(),
     });
     let limits = config
         .upstreams
