@@ -28,7 +28,7 @@ bench:
     cargo bench --bench family
 
 # The controller at scale on a real kube-apiserver (run `just test` once first: it installs the tools).
-# 1,000 Batches in progress by default; BENCH_BATCHES=1000,10000 adds 10,000 (some 14 minutes more).
+# 1,000 Batches in progress by default; BENCH_BATCHES=1000,10000 adds 10,000 (about 3 minutes more).
 bench-operator:
     cargo build --release
     . ~/.cache/nightshift/kube/env.sh && cargo bench --bench operator

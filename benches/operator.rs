@@ -5,7 +5,7 @@
 //! First, a burst probe: 32 Batches stamped with the same second (as the api stamps a
 //! burst), created before the controller starts: how many Jobs start within 30 s (16
 //! expected). Then, for each point N (`BENCH_BATCHES`: 1,000 by default; `1000,10000` adds
-//! the 10,000 point, which takes some 14 minutes on 2 cores), in a namespace of its own
+//! the 10,000 point, about 3 minutes more on 2 cores), in a namespace of its own
 //! with a controller of its own:
 //!   1. N one-shard Batches created as the api creates them (the resource, then its
 //!      `in_progress` status under the api's field manager, read again after a conflict),
