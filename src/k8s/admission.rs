@@ -22,23 +22,11 @@ use crate::lifecycle::schedule::{Candidate, allot, allot_in_order};
 /// An allotment reused for this long, while the running Jobs stay as many.
 pub const FRESH: Duration = Duration::from_millis(500);
 
-/// How many shard Jobs `ours` (the Batch being driven) may run now, of `slots` over the
-/// installation, beside the other in-progress Batches of the cache; `weights` by
-/// project id (1 if missing). Ours counts whatever the cache says of it: it may have
-/// gone in progress in this very pass, and a Batch the cache has not caught up with must
-/// not start Jobs past the others' shares.
-pub fn share(
-    ours: &BatchResource,
-    batches: &[Arc<BatchResource>],
-    jobs: &[Arc<Job>],
-    weights: &HashMap<String, u32>,
-    scheduling: Scheduling,
-    slots: usize,
-) -> usize {
-    allotment(ours, batches, jobs, weights, scheduling, slots).get(&ours.name_any()).copied().unwrap_or(0)
-}
-
-/// Every in-progress Batch's share (by resource name), `ours` among them as [`share`] counts it.
+/// Every in-progress Batch's share of `slots` over the installation (by resource name),
+/// `ours` (the Batch being driven) among them; `weights` by project id (1 if missing).
+/// Ours counts whatever the cache says of it: it may have gone in progress in this very
+/// pass, and a Batch the cache has not caught up with must not start Jobs past the
+/// others' shares.
 pub fn allotment(
     ours: &BatchResource,
     batches: &[Arc<BatchResource>],
@@ -122,6 +110,18 @@ mod tests {
 
     use super::*;
     use crate::batches::{BatchSpec, BatchState};
+
+    /// How many shard Jobs `ours` may run now, as the controller reads it.
+    fn share(
+        ours: &BatchResource,
+        batches: &[Arc<BatchResource>],
+        jobs: &[Arc<Job>],
+        weights: &HashMap<String, u32>,
+        scheduling: Scheduling,
+        slots: usize,
+    ) -> usize {
+        allotment(ours, batches, jobs, weights, scheduling, slots)[&ours.name_any()]
+    }
     use crate::config::WorkerTemplate;
     use crate::ids::{BatchId, FileId, ProjectId};
     use crate::k8s::crd::{BatchResourceSpec, resource_name};
