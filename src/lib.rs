@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod batches;
+pub mod capacity;
 pub mod cli;
 pub mod clock;
 pub mod concurrency;

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::batches::{Batch, BatchState, BatchStore, EmbeddedBatchStore, Status};
+use crate::capacity::backlog::{self, Report, Serving};
 use crate::config::Scheduling;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::worker::{ShardExit, run_shard};
@@ -117,6 +118,7 @@ impl Runner {
         let (counts, queue_depth) = self.batches.status_summary().await;
         crate::metrics::METRICS.set_batch_counts(&counts, queue_depth);
         let mut batches = self.batches.unfinished().await;
+        crate::metrics::METRICS.publish_backlog(self.backlog(&batches));
         batches.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         self.allot(&batches).await;
         for batch in batches {
@@ -125,6 +127,20 @@ impl Runner {
                 tracing::warn!(batch = %id, %error, "reconcile failed; retrying next tick");
             }
         }
+    }
+
+    /// What `batches` need of each upstream, with this process's lines in flight (no
+    /// workload behind an upstream is known here).
+    fn backlog(&self, batches: &[Batch]) -> Report {
+        let upstreams = &self.exec.upstreams;
+        let now = crate::clock::now();
+        let pending =
+            backlog::pending(batches.iter().map(|b| (&b.spec, &b.state)), |model| upstreams.name_of(model), now);
+        let serving = upstreams
+            .iter()
+            .map(|u| (u.name.clone(), Serving { in_flight: u64::from(u.limiter.in_flight()), ready: None }))
+            .collect();
+        backlog::report(&pending, &serving, now)
     }
 
     /// Shares the shard slots among the batches that run (`crate::lifecycle::schedule`), and stops

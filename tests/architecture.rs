@@ -23,7 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["clock", "duration", "ids", "telemetry", "storage", "validate"],
     ),
     ("the records: files, uploads, idempotency keys, batches", &["idempotency", "files", "uploads", "batches"]),
-    ("what is counted", &["metrics"]),
+    ("what is counted and what the backlog needs", &["metrics", "capacity"]),
     ("the pure rules of webhooks and of concurrency", &["webhooks", "concurrency"]),
     ("the configuration, typed", &["config"]),
     ("who may do what: projects, quotas, webhook delivery", &["projects", "quota", "dev", "webhooks::deliver"]),

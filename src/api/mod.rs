@@ -59,6 +59,13 @@ pub async fn metrics() -> impl axum::response::IntoResponse {
     )
 }
 
+/// `/backlog`: what the unfinished batches need of each upstream, as JSON in the shape
+/// KEDA's `metrics-api` scaler reads (`upstreams.<name>.<field>`), served beside
+/// `/metrics` by the process that drives batches (`serve`, the controller).
+pub async fn backlog() -> axum::Json<crate::capacity::backlog::Report> {
+    axum::Json(crate::metrics::METRICS.backlog())
+}
+
 /// The whole API. Layers run outside in: request id and logging, draining, panics as
 /// 500s, CORS, then routing;
 /// authentication wraps only the matched routes, so unknown URLs answer 404 as such.

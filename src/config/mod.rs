@@ -17,7 +17,7 @@ mod http;
 mod kubernetes;
 mod projects;
 mod storage;
-mod upstreams;
+pub mod upstreams;
 
 pub use batches::{BatchesConfig, KUBERNETES_RUNNING_SHARDS, Scheduling, default_max_running_shards};
 pub use files::FilesConfig;

@@ -37,6 +37,58 @@ pub struct UpstreamConfig {
     pub retry_base_delay: Duration,
 }
 
+/// The built-in model's name.
+pub const ECHO_MODEL: &str = "echo";
+
+/// Where the lines of a model go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The upstream at this position in the configuration.
+    Upstream(usize),
+    /// The built-in `echo` model, served in-process.
+    Echo,
+    Unserved,
+}
+
+/// The first of `upstreams` (each its `models` patterns, in the configuration's order)
+/// that serves `model`. The built-in `echo` model serves what no upstream claims when
+/// none is configured (so Nightshift works offline), and `echo` always.
+pub fn route<'a>(upstreams: impl IntoIterator<Item = &'a [String]>, model: &str) -> Route {
+    let mut configured = false;
+    for (position, patterns) in upstreams.into_iter().enumerate() {
+        configured = true;
+        if serves(patterns, model) {
+            return Route::Upstream(position);
+        }
+    }
+    match !configured || model == ECHO_MODEL {
+        true => Route::Echo,
+        false => Route::Unserved,
+    }
+}
+
+/// Whether one of `patterns` names `model`: the name itself, or a prefix before `*`.
+fn serves(patterns: &[String], model: &str) -> bool {
+    patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
+        Some(prefix) => model.starts_with(prefix),
+        None => pattern == model,
+    })
+}
+
+/// The name of the upstream that serves `model` among `upstreams` (each its name and
+/// `models` patterns, in the configuration's order; [`ECHO_MODEL`] for the built-in);
+/// `None` for a model none serves.
+pub fn name_of<'a, I>(upstreams: I, model: &str) -> Option<String>
+where
+    I: IntoIterator<Item = (&'a str, &'a [String])> + Clone,
+{
+    match route(upstreams.clone().into_iter().map(|(_, models)| models), model) {
+        Route::Upstream(position) => upstreams.into_iter().nth(position).map(|(name, _)| name.to_owned()),
+        Route::Echo => Some(ECHO_MODEL.to_owned()),
+        Route::Unserved => None,
+    }
+}
+
 fn all_models() -> Vec<String> {
     vec!["*".to_owned()]
 }

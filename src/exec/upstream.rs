@@ -13,6 +13,7 @@ use crate::concurrency::Observed;
 use crate::concurrency::control::Control;
 use crate::concurrency::signals::LoadSignalConfig;
 use crate::config::UpstreamConfig;
+pub use crate::config::upstreams::{ECHO_MODEL, Route};
 use crate::validate::BATCHABLE_URLS;
 
 pub struct Upstream {
@@ -48,21 +49,6 @@ impl Upstream {
         let position = BATCHABLE_URLS.iter().position(|url| *url == endpoint).unwrap_or(0);
         &self.urls[position]
     }
-
-    fn serves(&self, model: &str) -> bool {
-        self.models.iter().any(|pattern| match pattern.strip_suffix('*') {
-            Some(prefix) => model.starts_with(prefix),
-            None => pattern == model,
-        })
-    }
-}
-
-pub enum Route {
-    /// The upstream at this position (see [`Upstreams::get`]).
-    Upstream(usize),
-    /// The built-in `echo` model, served in-process.
-    Echo,
-    Unserved,
 }
 
 /// Every configured upstream, in the order of the configuration: the first whose
@@ -71,9 +57,6 @@ pub enum Route {
 pub struct Upstreams {
     upstreams: Vec<Upstream>,
 }
-
-/// The built-in model's name.
-pub const ECHO_MODEL: &str = "echo";
 
 /// Requests in flight to the built-in echo model.
 const ECHO_CONCURRENCY: usize = 256;
@@ -143,14 +126,15 @@ impl Upstreams {
         Self { upstreams: Vec::new() }
     }
 
-    /// The first upstream whose `models` match; else the built-in echo model, for
-    /// every model when no upstream is configured, and for `echo` always.
+    /// Where the lines of `model` go ([`crate::config::upstreams::route`]).
     pub fn route(&self, model: &str) -> Route {
-        match self.upstreams.iter().position(|u| u.serves(model)) {
-            Some(position) => Route::Upstream(position),
-            None if self.upstreams.is_empty() || model == ECHO_MODEL => Route::Echo,
-            None => Route::Unserved,
-        }
+        crate::config::upstreams::route(self.upstreams.iter().map(|u| u.models.as_slice()), model)
+    }
+
+    /// The name of the upstream that serves `model` (the built-in's is [`ECHO_MODEL`]);
+    /// `None` for a model no upstream serves.
+    pub fn name_of(&self, model: &str) -> Option<String> {
+        crate::config::upstreams::name_of(self.upstreams.iter().map(|u| (u.name.as_str(), u.models.as_slice())), model)
     }
 
     pub fn echo_permits() -> Arc<Semaphore> {

@@ -35,7 +35,7 @@ pub struct ControllerArgs {
     /// This replica's name in the leader Lease (the pod's name on Kubernetes).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    /// Where `/healthz`, `/readyz`, `/metrics` and `/backlog` are served.
     #[arg(long, env = "NIGHTSHIFT_PROBE_LISTEN", default_value = "0.0.0.0:9090")]
     pub probe_listen: std::net::SocketAddr,
     /// Seconds a standby must see the Lease unrenewed before it takes the lead; the
@@ -96,11 +96,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         recorded: Default::default(),
         allotments: Default::default(),
     });
-    let limits = config
-        .upstreams
-        .iter()
-        .map(|u| UpstreamLimit { name: u.name.clone(), ceiling: u.max_concurrency as u32, adaptive: u.adaptive })
-        .collect();
+    let limits = upstream_limits(&config.upstreams);
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
@@ -111,14 +107,28 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `/healthz`, `/readyz` and `/metrics` on `address`, for as long as the process runs.
+/// Each upstream as the controller divides its limit and counts its backlog.
+fn upstream_limits(upstreams: &[crate::config::UpstreamConfig]) -> Vec<UpstreamLimit> {
+    upstreams
+        .iter()
+        .map(|u| UpstreamLimit {
+            name: u.name.clone(),
+            ceiling: u.max_concurrency as u32,
+            adaptive: u.adaptive,
+            models: u.models.clone(),
+        })
+        .collect()
+}
+
+/// `/healthz`, `/readyz`, `/metrics` and `/backlog` on `address`, for as long as the process runs.
 async fn serve_probes(address: std::net::SocketAddr) -> anyhow::Result<()> {
     let probes = tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;
     tokio::spawn(async move {
         let router = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/readyz", axum::routing::get(|| async { "ok" }))
-            .route("/metrics", axum::routing::get(crate::api::metrics));
+            .route("/metrics", axum::routing::get(crate::api::metrics))
+            .route("/backlog", axum::routing::get(crate::api::backlog));
         if let Err(error) = axum::serve(probes, router).await {
             tracing::error!(%error, "the probe server stopped");
         }

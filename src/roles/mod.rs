@@ -15,7 +15,8 @@ use anyhow::Context;
 use crate::config::StorageConfig;
 use crate::storage::{DirStore, ObjectStore, S3Settings, S3Store, StaticKeys};
 
-/// Serves `/metrics` on `address`, if any, for as long as the process runs; says where.
+/// Serves `/metrics` and `/backlog` on `address`, if any, for as long as the process
+/// runs; says where.
 pub async fn serve_metrics(address: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
     let Some(address) = address else {
         return Ok(());
@@ -25,7 +26,9 @@ pub async fn serve_metrics(address: Option<std::net::SocketAddr>) -> anyhow::Res
         .with_context(|| format!("cannot serve /metrics on {address} (metrics.listen)"))?;
     println!("Nightshift metrics on http://{}/metrics", listener.local_addr()?);
     tokio::spawn(async move {
-        let router = axum::Router::new().route("/metrics", axum::routing::get(crate::api::metrics));
+        let router = axum::Router::new()
+            .route("/metrics", axum::routing::get(crate::api::metrics))
+            .route("/backlog", axum::routing::get(crate::api::backlog));
         if let Err(error) = axum::serve(listener, router).await {
             tracing::error!(%error, "the metrics server stopped");
         }

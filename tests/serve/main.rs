@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity;
 mod execution;
 mod night_shift;
 mod rate_limits;
