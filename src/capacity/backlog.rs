@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::batches::{BatchSpec, BatchState, Status};
 use crate::clock::UnixSeconds;
+use crate::ids::BatchId;
 
 /// An input line's bytes per token, for a batch with no answered line yet to count from
 /// (a JSONL line's envelope included: a rough figure, and said so in the docs).
@@ -27,6 +28,7 @@ const BYTES_PER_TOKEN: f64 = 4.0;
 /// One in-progress batch as the backlog counts it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pending {
+    pub batch: BatchId,
     pub upstream: String,
     /// The model every line names; empty for a batch of several models.
     pub model: String,
@@ -62,6 +64,7 @@ impl Pending {
         };
         let elapsed = state.in_progress_at.map(|at| now - at).filter(|seconds| *seconds > 0);
         Some(Self {
+            batch: spec.id.clone(),
             upstream: upstream.to_owned(),
             model: spec.model.clone().unwrap_or_default(),
             lines_left,
@@ -234,6 +237,7 @@ mod tests {
 
     fn pending(upstream: &str, lines_left: u64, expires_at: i64, pace: Option<f64>, eta: Option<i64>) -> Pending {
         Pending {
+            batch: BatchId::generate(),
             upstream: upstream.into(),
             model: "m".into(),
             lines_left,

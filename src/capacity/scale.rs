@@ -12,7 +12,7 @@
 //! - **Floor:** below `min_replicas` (set by someone else): up to it.
 //!
 //! Never below the floor, never above the ceiling; a workload that is still starting
-//! replicas is left to start them.
+//! replicas is left to start them. Meanwhile the lines wait ([`dispatch`]).
 
 use crate::clock::UnixSeconds;
 
@@ -76,6 +76,32 @@ pub struct History {
     pub idle_since: Option<UnixSeconds>,
     /// When the last change was decided.
     pub last_change: Option<UnixSeconds>,
+    /// Since when lines have waited with no replica ready.
+    pub waiting_since: Option<UnixSeconds>,
+}
+
+/// Whether an upstream's batch lines go out now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    Send,
+    /// No replica is ready yet: the lines wait for one.
+    Hold,
+    /// None became ready within `max_wait`: the lines go out anyway.
+    GaveUp,
+}
+
+/// Lines wait while no replica is ready, from the first pass that saw them so, for at
+/// most `max_wait` seconds; a ready replica (its readiness, not a timer) releases them.
+pub fn dispatch(ready: u32, lines_left: u64, max_wait: i64, history: &mut History, now: UnixSeconds) -> Dispatch {
+    if ready > 0 || lines_left == 0 {
+        history.waiting_since = None;
+        return Dispatch::Send;
+    }
+    let since = *history.waiting_since.get_or_insert(now);
+    match now - since < max_wait {
+        true => Dispatch::Hold,
+        false => Dispatch::GaveUp,
+    }
 }
 
 /// The decision for now; notes in `history` what the next passes need.
@@ -132,8 +158,8 @@ mod tests {
     fn one_pass_decides_by_the_backlog_the_workload_and_the_bounds() {
         let keep = Decision::Keep;
         let fresh = History::default();
-        let changed_now = History { idle_since: None, last_change: Some(1_000) };
-        let changed_long_ago = History { idle_since: None, last_change: Some(900) };
+        let changed_now = History { last_change: Some(1_000), ..History::default() };
+        let changed_long_ago = History { last_change: Some(900), ..History::default() };
         let cases = [
             // (need, (replicas, ready), bounds, history, decision)
             (need(10, None, 1), (0, 0), BOUNDS, fresh, scale(1, Reason::Wake)),
@@ -202,5 +228,27 @@ mod tests {
         let workload = Workload { replicas: 1, ready: 1 };
         assert_eq!(decide(need(0, None, 0), workload, BOUNDS, &mut history, 59), Decision::Keep);
         assert_eq!(decide(need(0, None, 0), workload, BOUNDS, &mut history, 60), scale(0, Reason::Idle));
+    }
+
+    #[test]
+    fn lines_wait_for_a_ready_replica_at_most_max_wait() {
+        let mut history = History::default();
+        let cases = [
+            // (now, ready, lines left, dispatch)
+            (0, 0, 10, Dispatch::Hold),
+            (50, 0, 10, Dispatch::Hold),
+            // Ready: released at once, and the wait forgotten.
+            (60, 1, 10, Dispatch::Send),
+            (70, 0, 10, Dispatch::Hold),
+            (169, 0, 10, Dispatch::Hold),
+            (170, 0, 10, Dispatch::GaveUp),
+            (500, 0, 10, Dispatch::GaveUp),
+            // Nothing left: nothing to hold.
+            (510, 0, 0, Dispatch::Send),
+            (520, 0, 5, Dispatch::Hold),
+        ];
+        for (now, ready, lines_left, expected) in cases {
+            assert_eq!(dispatch(ready, lines_left, 100, &mut history, now), expected, "at {now}");
+        }
     }
 }

@@ -25,7 +25,7 @@ pub use http::{HttpConfig, MetricsConfig};
 pub use kubernetes::{KubernetesConfig, WorkerTemplate};
 pub use projects::{ApiKeyConfig, ProjectConfig, QuotaConfig, RateLimitConfig, Weight, key_digest};
 pub use storage::{S3Config, StorageConfig};
-pub use upstreams::UpstreamConfig;
+pub use upstreams::{ScaleConfig, UpstreamConfig, WorkloadKind};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -156,6 +156,9 @@ impl Config {
             if upstream.max_concurrency == 0 {
                 return Err(format!("upstream {}: max_concurrency must be at least 1", upstream.name));
             }
+            if let Some(scale) = &upstream.scale {
+                scale.validate(&upstream.name)?;
+            }
             if let Some(signal) = &upstream.load_signal {
                 signal.validate(&upstream.name)?;
             }
@@ -232,5 +235,41 @@ batches:
         let bad_id = "projects: [{id: demo, api_keys: [{plain: a}]}]";
         assert!(Config::from_yaml(bad_id).is_err());
         assert!(Config::from_yaml("batches: {completion_window: soon}").is_err());
+    }
+
+    #[test]
+    fn an_upstream_may_name_the_workload_to_scale_within_bounds() {
+        let upstream =
+            |scale: &str| format!("upstreams: [{{name: llama, base_url: \"http://llama:8080/v1\", scale: {scale}}}]");
+        let config = Config::from_yaml(&upstream("{kind: Deployment, name: llama, max_replicas: 2}")).unwrap();
+        let scale = config.upstreams[0].scale.clone().unwrap();
+        assert_eq!(
+            (scale.kind, scale.name.as_str(), scale.namespace.as_deref()),
+            (WorkloadKind::Deployment, "llama", None)
+        );
+        assert_eq!((scale.min_replicas, scale.max_replicas), (0, 2));
+        assert_eq!((scale.cooldown, scale.max_wait), (Duration::from_secs(300), Duration::from_secs(600)));
+        assert_eq!(scale.bounds(), crate::capacity::scale::Bounds { min: 0, max: 2, cooldown: 300 });
+        let full = "{kind: StatefulSet, name: big, namespace: models, min_replicas: 1, max_replicas: 4, cooldown: 30s, max_wait: 2m}";
+        let scale = Config::from_yaml(&upstream(full)).unwrap().upstreams[0].scale.clone().unwrap();
+        assert_eq!(
+            (scale.kind, scale.namespace.as_deref(), scale.max_wait),
+            (WorkloadKind::StatefulSet, Some("models"), Duration::from_secs(120))
+        );
+        for (bad, says) in [
+            ("{kind: Deployment, name: llama, max_replicas: 0}", "1 <= max_replicas"),
+            ("{kind: Deployment, name: llama, min_replicas: 3, max_replicas: 2}", "min_replicas <= max_replicas"),
+            ("{kind: Deployment, name: \"\", max_replicas: 1}", "scale.name must name the workload"),
+        ] {
+            let error = Config::from_yaml(&upstream(bad)).unwrap_err().to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        for refused in [
+            "{kind: DaemonSet, name: x, max_replicas: 1}",
+            "{kind: Deployment, name: x}",
+            "{kind: Deployment, name: x, max_replicas: 1, min: 0}",
+        ] {
+            assert!(Config::from_yaml(&upstream(refused)).is_err(), "{refused}");
+        }
     }
 }

@@ -35,6 +35,70 @@ pub struct UpstreamConfig {
     /// The wait before the first retry; doubled for each further one (with jitter).
     #[serde(default = "default_retry_base_delay", deserialize_with = "duration::deserialize_precise")]
     pub retry_base_delay: Duration,
+    /// The workload that serves this upstream, whose replicas the controller may change
+    /// (`crate::capacity::scale`).
+    #[serde(default)]
+    pub scale: Option<ScaleConfig>,
+}
+
+/// `upstreams[].scale`: the Deployment or StatefulSet that serves an upstream, and the
+/// bounds within which the controller changes its replicas for the batches' backlog.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleConfig {
+    pub kind: WorkloadKind,
+    pub name: String,
+    /// Default: the controller's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// The least time between two changes, and of an empty backlog before going back
+    /// to `min_replicas`.
+    #[serde(default = "default_cooldown", deserialize_with = "duration::deserialize")]
+    pub cooldown: Duration,
+    /// How long lines wait for a replica to become ready once one is asked for; then
+    /// they are sent anyway (and fail or are retried as any line to a server that is down).
+    #[serde(default = "default_max_wait", deserialize_with = "duration::deserialize")]
+    pub max_wait: Duration,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+}
+
+impl ScaleConfig {
+    pub fn validate(&self, upstream: &str) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err(format!("upstream {upstream}: scale.name must name the workload"));
+        }
+        if self.max_replicas == 0 || self.min_replicas > self.max_replicas {
+            return Err(format!(
+                "upstream {upstream}: scale needs 1 <= max_replicas and min_replicas <= max_replicas (got {} and {})",
+                self.min_replicas, self.max_replicas
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn bounds(&self) -> crate::capacity::scale::Bounds {
+        crate::capacity::scale::Bounds {
+            min: self.min_replicas,
+            max: self.max_replicas,
+            cooldown: self.cooldown.as_secs() as i64,
+        }
+    }
+}
+
+fn default_cooldown() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_max_wait() -> Duration {
+    Duration::from_secs(600)
 }
 
 /// The built-in model's name.

@@ -45,6 +45,10 @@ pub struct Context {
     pub recorded: RecordedMarks,
     /// The shares of the running shards, as last allotted.
     pub allotments: Mutex<super::admission::Allotments>,
+    /// Which upstream each model goes to, for the backlog.
+    pub routes: super::capacity::Routes,
+    /// The workloads behind upstreams, as the scaling loop last read them.
+    pub workloads: super::capacity::Workloads,
 }
 
 /// How long a created Job counts as running before the cache shows it.

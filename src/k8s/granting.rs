@@ -17,7 +17,7 @@ use super::context::Context;
 use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use super::jobs::{is_running_worker, job_phase, job_shard};
 use super::stale_signals::{self, Warned};
-use crate::capacity::backlog::{self, Report, Serving};
+use crate::capacity::backlog::Report;
 use crate::concurrency::Counts;
 use crate::concurrency::governor::{Governor, Look};
 use crate::drive::WorkerPhase;
@@ -32,13 +32,12 @@ const EVERY: Duration = Duration::from_millis(500);
 /// not say that it released its grant.
 const DELETED_GRACE: Duration = Duration::from_secs(60);
 
-/// An upstream as the controller divides it: `max_concurrency`, whether the limit
-/// under it adapts (`crate::concurrency`), and the models it serves (for its backlog).
+/// An upstream as the controller divides it: `max_concurrency`, and whether the limit
+/// under it adapts (`crate::concurrency`).
 pub struct UpstreamLimit {
     pub name: String,
     pub ceiling: u32,
     pub adaptive: bool,
-    pub models: Vec<String>,
 }
 
 /// Divides the upstreams' limits and the projects' quotas among the running workers,
@@ -61,8 +60,14 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, ups
                 ctx.event(&batch, EventType::Warning, "LoadSignalStale", stale.note()).await;
             }
         }
-        let limits = adapting.limits(&upstreams, &workers.seen);
-        crate::metrics::METRICS.publish_backlog(backlog(&upstreams, &batches, &workers.seen));
+        let mut limits = adapting.limits(&upstreams, &workers.seen);
+        crate::metrics::METRICS.publish_backlog(backlog(&ctx, &batches, &workers.seen));
+        // Lines that wait for a replica to become ready (`super::scaling`) get nothing.
+        for (upstream, limit) in &mut limits {
+            if ctx.workloads.holds(upstream) {
+                *limit = 0;
+            }
+        }
         let mut next = divide(&limits, &workers.seen, &worker_projects(&ctx, &running));
         match share_quotas(&ctx, &batches, &running, &workers.seen, &mut final_usage).await {
             Ok(tokens) => {
@@ -80,22 +85,12 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, ups
 
 /// What the Batches in progress need of each upstream, with the lines in flight the
 /// workers last reported.
-fn backlog(upstreams: &[UpstreamLimit], batches: &Store<BatchResource>, seen: &BTreeMap<String, Seen>) -> Report {
-    let now = crate::clock::now();
-    let batches = batches.state();
-    let routes = upstreams.iter().map(|u| (u.name.as_str(), u.models.as_slice()));
-    let pending = backlog::pending(
-        batches.iter().filter_map(|b| Some((&b.spec.batch, b.status.as_ref()?))),
-        |model| crate::config::upstreams::name_of(routes.clone(), model),
-        now,
-    );
+fn backlog(ctx: &Context, batches: &Store<BatchResource>, seen: &BTreeMap<String, Seen>) -> Report {
     let in_flight = |upstream: &str| -> u64 {
         let observed = seen.values().filter_map(|s| s.acked.as_ref()?.observed.get(upstream));
         observed.map(|o| u64::from(o.in_flight)).sum()
     };
-    let serving =
-        upstreams.iter().map(|u| (u.name.clone(), Serving { in_flight: in_flight(&u.name), ready: None })).collect();
-    backlog::report(&pending, &serving, now)
+    super::capacity::report(&ctx.routes, batches, &ctx.workloads, in_flight, crate::clock::now())
 }
 
 /// Each running worker's project and that project's weight.

@@ -2,6 +2,7 @@
 //! project directory, and the controller that runs batches as Jobs.
 
 pub mod admission;
+pub mod capacity;
 pub mod conditions;
 pub mod context;
 pub mod controller;
@@ -13,6 +14,7 @@ pub mod leader;
 pub mod projects;
 pub mod rbac;
 pub mod recorded;
+pub mod scaling;
 pub mod stale_signals;
 pub mod store;
 pub mod usage;

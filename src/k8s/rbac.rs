@@ -1,6 +1,8 @@
 //! The least privilege each role needs, in one place: the Helm chart's Roles and the
 //! operator tests' Roles are both made from these rules. Workers need none at all.
 
+use crate::config::WorkloadKind;
+
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
 fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
@@ -36,6 +38,26 @@ pub fn controller_rules() -> Vec<PolicyRule> {
         rule("", &["secrets"], &["get", "list", "watch"]),
         rule("batch", &["jobs"], &["get", "list", "watch", "create", "delete"]),
         rule("coordination.k8s.io", &["leases"], &["get", "create", "update"]),
+        rule("events.k8s.io", &["events"], &["create", "patch"]),
+    ]
+}
+
+/// `nightshift controller`, for each workload an upstream's `scale` names, in that
+/// workload's namespace: reads it (its ready replicas), changes its replicas through its
+/// `scale` subresource, and records Events there. That workload only: any other is
+/// forbidden.
+pub fn scale_rules(kind: WorkloadKind, name: &str) -> Vec<PolicyRule> {
+    let resource = match kind {
+        WorkloadKind::Deployment => "deployments",
+        WorkloadKind::StatefulSet => "statefulsets",
+    };
+    let named = |resource: &str, verbs: &[&str]| PolicyRule {
+        resource_names: Some(vec![name.to_owned()]),
+        ..rule("apps", &[resource], verbs)
+    };
+    vec![
+        named(resource, &["get"]),
+        named(&format!("{resource}/scale"), &["get", "patch"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
     ]
 }

@@ -19,6 +19,7 @@ use crate::k8s::context::Context;
 use crate::k8s::controller::{self, check_crds, reporter};
 use crate::k8s::granting::{UpstreamLimit, divide_limits};
 use crate::k8s::leader::{LeaderElection, Timing};
+use crate::k8s::scaling::{Scaled, scale_workloads};
 use crate::k8s::usage::sync_project_usage;
 use crate::quota::QuotaLedger;
 
@@ -95,11 +96,17 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         starting: Default::default(),
         recorded: Default::default(),
         allotments: Default::default(),
+        routes: crate::k8s::capacity::Routes::of(&config.upstreams),
+        workloads: crate::k8s::capacity::Workloads::of(
+            config.upstreams.iter().filter(|u| u.scale.is_some()).map(|u| u.name.as_str()),
+        ),
     });
     let limits = upstream_limits(&config.upstreams);
+    let scaled = Scaled::of(&config.upstreams, &ctx.namespace);
     tokio::select! {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
+        () = scale_workloads(ctx.clone(), batches.clone(), scaled) => Ok(()),
         () = divide_limits(ctx, batches, limits) => Ok(()),
         () = deliverer.run(Duration::from_secs(1)) => Ok(()),
         // Returning ends the process: every task of this leader stops with it.
@@ -107,16 +114,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Each upstream as the controller divides its limit and counts its backlog.
+/// Each upstream as the controller divides its limit.
 fn upstream_limits(upstreams: &[crate::config::UpstreamConfig]) -> Vec<UpstreamLimit> {
     upstreams
         .iter()
-        .map(|u| UpstreamLimit {
-            name: u.name.clone(),
-            ceiling: u.max_concurrency as u32,
-            adaptive: u.adaptive,
-            models: u.models.clone(),
-        })
+        .map(|u| UpstreamLimit { name: u.name.clone(), ceiling: u.max_concurrency as u32, adaptive: u.adaptive })
         .collect()
 }
 

@@ -25,6 +25,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ListParams, PostParams};
+use nightshift::config::WorkloadKind;
 use nightshift::k8s::crd::BatchResource;
 use nightshift::k8s::rbac;
 use serde::Deserialize;
@@ -266,6 +267,43 @@ fn env_of(container: &Value) -> HashMap<String, Value> {
         .iter()
         .map(|e| (e["name"].as_str().unwrap().to_owned(), e.get("value").or(e.get("valueFrom")).cloned().unwrap()))
         .collect()
+}
+
+/// An upstream whose `scale` names a workload gives the controller a Role for that
+/// workload alone, in its namespace (src/k8s/rbac.rs's `scale_rules`); the others none.
+#[test]
+fn a_scaled_upstream_gets_a_role_for_its_workload_only() {
+    let upstreams = json!([
+        {"name": "llama_cpp", "base_url": "http://llama:8080/v1",
+         "scale": {"kind": "Deployment", "name": "llama", "max_replicas": 2, "cooldown": "1m"}},
+        {"name": "big", "base_url": "http://big:8080/v1",
+         "scale": {"kind": "StatefulSet", "name": "big-model", "namespace": "models", "max_replicas": 4}},
+        {"name": "plain", "base_url": "http://plain:8080/v1"},
+    ]);
+    let values = TempDir::new().unwrap();
+    let file = values.path().join("values.yaml");
+    std::fs::write(&file, json!({ "upstreams": upstreams }).to_string()).unwrap();
+    let docs = documents(&render("batch", &["-f", file.to_str().unwrap()]));
+    assert_eq!(count(&docs, "Role"), 4, "the api's, the controller's and one per scaled workload");
+    let cases = [
+        ("nightshift-scale-llama-cpp", WorkloadKind::Deployment, "llama", "batch"),
+        ("nightshift-scale-big", WorkloadKind::StatefulSet, "big-model", "models"),
+    ];
+    for (name, kind, workload, namespace) in cases {
+        assert_eq!(rules(&docs, name), rbac::scale_rules(kind, workload), "{name}");
+        assert_eq!(find(&docs, "Role", name)["metadata"]["namespace"], namespace);
+        let binding = find(&docs, "RoleBinding", name);
+        assert_eq!(binding["metadata"]["namespace"], namespace);
+        assert_eq!(binding["roleRef"]["name"], name);
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "nightshift-controller", "namespace": "batch"}])
+        );
+    }
+    let config = nightshift::config::Config::from_yaml(&rendered_config(&docs)).unwrap();
+    let scale = config.upstreams[0].scale.as_ref().expect("scale passes through to the configuration");
+    assert_eq!((scale.name.as_str(), scale.max_replicas, scale.cooldown), ("llama", 2, Duration::from_secs(60)));
+    assert!(config.upstreams[2].scale.is_none());
 }
 
 #[test]

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity;
 mod chart;
 mod cluster_harness;
 mod operator;

@@ -32,30 +32,30 @@ use nightshift::k8s::rbac;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-const NS: &str = "nightshift";
+pub(crate) const NS: &str = "nightshift";
 const IMAGE: &str = "nightshift:test";
 
 /// What the STS stand-in accepts, as IRSA's webhook would set it up.
 const WEB_IDENTITY_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.operator-test.signature";
 const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/nightshift";
 
-struct Operator {
+pub(crate) struct Operator {
     sts: Option<Sts>,
-    cluster: TestCluster,
+    pub(crate) cluster: TestCluster,
     s3: TestS3,
-    upstream: MockUpstream,
+    pub(crate) upstream: MockUpstream,
     kubelet: Kubelet,
     dir: TempDir,
     config: PathBuf,
     env: Vec<(&'static str, String)>,
-    api_url: String,
+    pub(crate) api_url: String,
     _api: Process,
     controller: Option<Process>,
     controller_kubeconfig: PathBuf,
-    /// Where controller-1 serves its probes and `/metrics`.
-    probe_port: u16,
+    /// Where controller-1 serves its probes, `/metrics` and `/backlog`.
+    pub(crate) probe_port: u16,
     api_token: String,
-    controller_token: String,
+    pub(crate) controller_token: String,
 }
 
 impl Drop for Operator {
@@ -69,7 +69,11 @@ impl Drop for Operator {
     }
 }
 
-async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>) -> String {
+pub(crate) async fn bind_role(
+    cluster: &TestCluster,
+    name: &str,
+    rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+) -> String {
     let client = cluster.client().await;
     let meta = |name: &str| ObjectMeta {
         name: Some(name.to_owned()),
@@ -102,27 +106,32 @@ async fn bind_role(cluster: &TestCluster, name: &str, rules: Vec<k8s_openapi::ap
 /// The worker image that the stand-in kubelet runs as `/bin/false`: every pod fails.
 const FAILING_IMAGE: &str = "nightshift:failing";
 
+/// An image that the stand-in kubelet runs as `/bin/sleep`: a pod that is ready and
+/// does nothing (a model server's replica, where the upstream is served elsewhere).
+pub(crate) const SLEEPER_IMAGE: &str = "sleeper:test";
+
 /// What an operator test starts: `Setup::new(..)`, then the fields it changes.
-struct Setup<'a> {
+pub(crate) struct Setup<'a> {
     /// Lines per shard.
-    shard_lines: u32,
+    pub(crate) shard_lines: u32,
     /// How long the mock upstream takes to answer.
-    upstream_delay: Duration,
+    pub(crate) upstream_delay: Duration,
     /// The mock upstream's `max_concurrency`.
-    concurrency: usize,
+    pub(crate) concurrency: usize,
     /// The worker Jobs' image.
-    worker_image: &'a str,
+    pub(crate) worker_image: &'a str,
     /// YAML appended to the `batches:` section.
-    batches: &'a str,
-    /// YAML appended to the `upstreams:` section (after the mock's).
-    upstreams: &'a str,
+    pub(crate) batches: &'a str,
+    /// YAML appended to the `upstreams:` section (after the mock's fields: indented by
+    /// four, more of the mock's; by two, another upstream).
+    pub(crate) upstreams: &'a str,
     /// Every role (api, controller, worker pods) reaches S3 as IRSA would have it: a
     /// token file and a role, traded at an STS stand-in for keys.
-    web_identity: bool,
+    pub(crate) web_identity: bool,
 }
 
 impl Setup<'_> {
-    fn new(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
+    pub(crate) fn new(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {
         Setup {
             shard_lines,
             upstream_delay,
@@ -178,7 +187,7 @@ impl Operator {
         Self::set_up(Setup { worker_image, batches, ..Setup::new(shard_lines, upstream_delay, concurrency) }).await
     }
 
-    async fn set_up(setup: Setup<'_>) -> Self {
+    pub(crate) async fn set_up(setup: Setup<'_>) -> Self {
         let Setup { shard_lines, upstream_delay, concurrency, worker_image, batches, upstreams, web_identity } = setup;
         let cluster = TestCluster::start().await;
         cluster.create_namespace(NS).await;
@@ -261,6 +270,7 @@ impl Operator {
             HashMap::from([
                 (IMAGE.to_owned(), PathBuf::from(env!("CARGO_BIN_EXE_nightshift"))),
                 (FAILING_IMAGE.to_owned(), PathBuf::from("/bin/false")),
+                (SLEEPER_IMAGE.to_owned(), PathBuf::from("/bin/sleep")),
             ]),
         )
         .await;
@@ -385,7 +395,7 @@ impl Operator {
         api.list(&ListParams::default().labels(BATCH_LABEL)).await.unwrap().items
     }
 
-    fn kubectl(&self, args: &[&str]) -> String {
+    pub(crate) fn kubectl(&self, args: &[&str]) -> String {
         kubectl(&self.cluster, args)
     }
 
@@ -896,7 +906,7 @@ async fn a_projects_quota_is_shared_by_its_worker_pods_not_copied() {
 }
 
 /// The controller's `/metrics` value of `name{labels}` (0 when absent).
-async fn scrape(operator: &Operator, series: &str) -> (String, f64) {
+pub(crate) async fn scrape(operator: &Operator, series: &str) -> (String, f64) {
     let response = reqwest::get(format!("http://127.0.0.1:{}/metrics", operator.probe_port)).await.unwrap();
     let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
     let text = response.text().await.unwrap();

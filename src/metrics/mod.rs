@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
+mod capacity;
+
 use crate::batches::Status;
 use crate::capacity::backlog::Report;
 
@@ -37,13 +39,6 @@ pub struct LineLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
     pub upstream: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModelLabels {
-    pub upstream: String,
-    /// The model every line of a batch names; empty for batches of several models.
-    pub model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,8 +112,8 @@ pub struct Metrics {
     /// 1 while batch dispatch to an upstream holds for its interactive traffic.
     pub dispatch_held: Family<UpstreamLabel, Gauge>,
     pub reconciles: Reconciles,
-    /// What the unfinished batches need of each upstream (`crate::capacity::backlog`).
-    backlog: Backlog,
+    /// What the unfinished batches need of each upstream (`crate::capacity`).
+    backlog: capacity::Capacity,
     /// `lines{outcome="completed"}`, held apart: it is counted once per line.
     completed_lines: Counter,
     /// Whether this process counts lines and tokens as they are recorded (not on
@@ -152,125 +147,6 @@ impl Reconciles {
             duration: registered(registry, "reconcile_duration_seconds", pass, http_histogram()),
             errors: registered(registry, "reconcile_errors", failed, Family::default()),
         }
-    }
-}
-
-type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
-
-/// The backlog per upstream (and per model), as the last report had it; the report
-/// itself is kept for `/backlog`.
-struct Backlog {
-    lines: Family<UpstreamLabel, Gauge>,
-    in_flight: Family<UpstreamLabel, Gauge>,
-    tokens: Family<UpstreamLabel, Gauge>,
-    model_lines: Family<ModelLabels, Gauge>,
-    model_tokens: Family<ModelLabels, Gauge>,
-    pace: Family<UpstreamLabel, FloatGauge>,
-    pace_needed: Family<UpstreamLabel, FloatGauge>,
-    pace_ratio: Family<UpstreamLabel, FloatGauge>,
-    slack: Family<UpstreamLabel, Gauge>,
-    replicas_ready: Family<UpstreamLabel, Gauge>,
-    replicas_needed: Family<UpstreamLabel, Gauge>,
-    report: std::sync::RwLock<Report>,
-}
-
-impl Backlog {
-    fn register(r: &mut Registry) -> Self {
-        let f = Family::default;
-        let g = Family::default;
-        Self {
-            lines: registered(r, "backlog_lines", "Lines of in-progress batches not yet sent, per upstream", f()),
-            in_flight: registered(r, "backlog_lines_in_flight", "Batch lines in flight at each upstream", f()),
-            tokens: registered(
-                r,
-                "backlog_tokens",
-                "Tokens the lines left are expected to take (estimated), per upstream",
-                f(),
-            ),
-            model_lines: registered(
-                r,
-                "backlog_model_lines",
-                "Lines without a record yet, per upstream and model",
-                Family::default(),
-            ),
-            model_tokens: registered(
-                r,
-                "backlog_model_tokens",
-                "Tokens those lines are expected to take, per upstream and model",
-                Family::default(),
-            ),
-            pace: registered(r, "backlog_pace_lines_per_second", "Batch lines answered per second, per upstream", g()),
-            pace_needed: registered(
-                r,
-                "backlog_pace_needed_lines_per_second",
-                "The pace at which every batch would finish inside its window",
-                g(),
-            ),
-            pace_ratio: registered(
-                r,
-                "backlog_pace_ratio",
-                "The pace needed over the pace (0: nothing left; 1: nothing measured yet)",
-                g(),
-            ),
-            slack: registered(
-                r,
-                "backlog_deadline_slack_seconds",
-                "The least time from a batch's projected finish to its window's end (negative: late)",
-                f(),
-            ),
-            replicas_ready: registered(
-                r,
-                "backlog_replicas_ready",
-                "Ready replicas of the workload that serves the upstream, where known",
-                f(),
-            ),
-            replicas_needed: registered(
-                r,
-                "backlog_replicas_needed",
-                "Replicas that would finish every batch inside its window, where the ready ones are known",
-                f(),
-            ),
-            report: std::sync::RwLock::default(),
-        }
-    }
-
-    fn publish(&self, report: Report) {
-        // Upstreams and models no longer in the report lose their series.
-        for family in
-            [&self.lines, &self.in_flight, &self.tokens, &self.slack, &self.replicas_ready, &self.replicas_needed]
-        {
-            family.clear();
-        }
-        for family in [&self.pace, &self.pace_needed, &self.pace_ratio] {
-            family.clear();
-        }
-        self.model_lines.clear();
-        self.model_tokens.clear();
-        for (name, upstream) in &report.upstreams {
-            let label = UpstreamLabel { upstream: name.clone() };
-            self.lines.get_or_create(&label).set(upstream.lines_waiting as i64);
-            self.in_flight.get_or_create(&label).set(upstream.lines_in_flight as i64);
-            self.tokens.get_or_create(&label).set(upstream.tokens_waiting as i64);
-            self.pace.get_or_create(&label).set(upstream.pace);
-            self.pace_needed.get_or_create(&label).set(upstream.pace_needed);
-            self.pace_ratio.get_or_create(&label).set(upstream.pace_ratio);
-            let optional = [
-                (&self.slack, upstream.deadline_slack_seconds),
-                (&self.replicas_ready, upstream.replicas_ready.map(i64::from)),
-                (&self.replicas_needed, upstream.replicas_needed.map(i64::from)),
-            ];
-            for (family, value) in optional {
-                if let Some(value) = value {
-                    family.get_or_create(&label).set(value);
-                }
-            }
-            for (model, backlog) in &upstream.models {
-                let labels = ModelLabels { upstream: name.clone(), model: model.clone() };
-                self.model_lines.get_or_create(&labels).set(backlog.lines_waiting as i64);
-                self.model_tokens.get_or_create(&labels).set(backlog.tokens_waiting as i64);
-            }
-        }
-        *self.report.write().expect("the backlog report") = report;
     }
 }
 
@@ -330,7 +206,7 @@ impl Metrics {
         let webhook_events_pending = registered(r, "webhook_events_pending", pending, Gauge::default());
         let (load_signal_failures, concurrency_limit, dispatch_held) = register_night_shift(r);
         let reconciles = Reconciles::register(r);
-        let backlog = Backlog::register(r);
+        let backlog = capacity::Capacity::register(r);
         let build = "The running build: 1, labelled with its version";
         let build_info: Family<BuildLabels, Gauge> = registered(r, "build_info", build, Family::default());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
@@ -456,9 +332,19 @@ impl Metrics {
         self.backlog.publish(report);
     }
 
+    /// Whether `upstream`'s lines wait for a replica: 1 or 0.
+    pub fn capacity_waiting_of(&self, upstream: &str) -> Gauge {
+        self.backlog.waiting_of(upstream)
+    }
+
+    /// The controller changed the replicas of `upstream`'s workload, for `reason`.
+    pub fn scaled(&self, upstream: &str, reason: &'static str) {
+        self.backlog.scaled(upstream, reason);
+    }
+
     /// The last backlog report published.
     pub fn backlog(&self) -> Report {
-        self.backlog.report.read().expect("the backlog report").clone()
+        self.backlog.report()
     }
 
     /// Sets the batch gauges from a full count: every status, zero where none.
