@@ -135,3 +135,58 @@ async fn a_batch_wakes_its_model_server_from_zero_and_gives_it_back_after_the_co
     assert!(matches!(&refused, kube::Error::Api(e) if e.code == 403), "{refused}");
     as_controller.get_scale("served").await.expect("the named one is within reach");
 }
+
+/// A batch whose projected finish passes its window, at a server whose every replica is
+/// ready: scaled up to the replicas its pace needs, within `max_replicas`; back to the
+/// floor (`min_replicas`, not zero) once nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_would_miss_its_window_scales_its_server_up_within_the_ceiling() {
+    let scale = "    scale: {kind: Deployment, name: served, min_replicas: 1, max_replicas: 2, cooldown: 3s}\n";
+    // 60 lines one at a time, 250 ms each: some 15 s of work in a window of 10.
+    let setup = Setup {
+        upstreams: scale,
+        batches: "  completion_window: 10s\n",
+        ..Setup::new(100, Duration::from_millis(250), 1)
+    };
+    let operator = Operator::set_up(setup).await;
+    grant_controller(&operator, "nightshift-scale-mock", rbac::scale_rules(WorkloadKind::Deployment, "served")).await;
+    let deployments: Api<Deployment> = Api::namespaced(operator.cluster.client().await, NS);
+    deployments.create(&PostParams::default(), &deployment("served", SLEEPER_IMAGE, 1)).await.unwrap();
+    eventually("the server's replica ready", 60, || async {
+        let ready = deployments.get("served").await.ok()?.status?.ready_replicas?;
+        (ready == 1).then_some(())
+    })
+    .await;
+
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let batch = client.create(&client.upload(input(&ids("line", 60), "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    eventually("the server scaled to two replicas", 60, || async {
+        (replicas(&deployments, "served").await == 2).then_some(())
+    })
+    .await;
+    let name = resource_name(&nightshift::ids::BatchId::parse(&id).unwrap());
+    let told = eventually("the batch told why", 30, || async {
+        let told = events(&operator, "ScaledUp", &name);
+        (!told.is_empty()).then_some(told)
+    })
+    .await;
+    assert!(
+        told.contains(
+            "Deployment/served from 1 to 2 replicas for upstream mock: a batch's projected finish passes its window"
+        ),
+        "{told}"
+    );
+    let changes = "nightshift_scale_changes_total{upstream=\"mock\",reason=\"deadline\"}";
+    assert_eq!(scrape(&operator, changes).await.1, 1.0);
+
+    // Never past the ceiling, however late; back to the floor of one once it ended.
+    let ended = client.wait_terminal(&id, Duration::from_secs(90)).await;
+    assert_eq!(ended["status"], "expired", "{ended}");
+    eventually("the server back at its floor", 60, || async {
+        (replicas(&deployments, "served").await == 1).then_some(())
+    })
+    .await;
+    let told = events(&operator, "ScaledUp", "served");
+    assert!(!told.contains("to 3"), "{told}");
+}
