@@ -61,9 +61,19 @@ pub async fn metrics() -> impl axum::response::IntoResponse {
 
 /// `/backlog`: what the unfinished batches need of each upstream, as JSON in the shape
 /// KEDA's `metrics-api` scaler reads (`upstreams.<name>.<field>`), served beside
-/// `/metrics` by the process that drives batches (`serve`, the controller).
-pub async fn backlog() -> axum::Json<crate::capacity::backlog::Report> {
-    axum::Json(crate::metrics::METRICS.backlog())
+/// `/metrics` by the process that drives batches (`serve`, the leading controller). A
+/// controller that does not lead has none: 503, so a scaler never reads an empty backlog
+/// as a true one.
+pub async fn backlog() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match crate::metrics::METRICS.backlog() {
+        Some(report) => axum::Json(report).into_response(),
+        None => {
+            let message = "no backlog here: this process does not drive batches (a controller that does not lead)";
+            let body = serde_json::json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
+            (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    }
 }
 
 /// The whole API. Layers run outside in: request id and logging, draining, panics as

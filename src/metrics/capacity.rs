@@ -45,7 +45,8 @@ pub(super) struct Capacity {
     replicas_needed: Gauges,
     waiting: Gauges,
     changes: Family<ScaleLabels, Counter>,
-    report: RwLock<Report>,
+    /// `None` until a report was published (a controller that does not lead publishes none).
+    report: RwLock<Option<Report>>,
 }
 
 impl Capacity {
@@ -134,10 +135,10 @@ impl Capacity {
                 self.model_tokens.get_or_create(&labels).set(backlog.tokens_waiting as i64);
             }
         }
-        *self.report.write().expect("the backlog report") = report;
+        *self.report.write().expect("the backlog report") = Some(report);
     }
 
-    pub(super) fn report(&self) -> Report {
+    pub(super) fn report(&self) -> Option<Report> {
         self.report.read().expect("the backlog report").clone()
     }
 

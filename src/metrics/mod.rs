@@ -342,8 +342,8 @@ impl Metrics {
         self.backlog.scaled(upstream, reason);
     }
 
-    /// The last backlog report published.
-    pub fn backlog(&self) -> Report {
+    /// The last backlog report published; `None` before the first.
+    pub fn backlog(&self) -> Option<Report> {
         self.backlog.report()
     }
 
