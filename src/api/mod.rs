@@ -70,7 +70,8 @@ pub async fn backlog() -> axum::response::Response {
         Some(report) => axum::Json(report).into_response(),
         None => {
             let message = "no backlog here: this process does not drive batches (a controller that does not lead)";
-            let body = serde_json::json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
+            let body =
+                serde_json::json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
             (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
         }
     }

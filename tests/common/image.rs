@@ -79,6 +79,45 @@ pub fn size(reference: &str) -> u64 {
     run(podman().args(["image", "inspect", "--format", "{{.Size}}", reference])).trim().parse().expect("image size")
 }
 
+/// An image of llama.cpp's `llama-server` with the test model `model` at `/models/<model>.gguf`
+/// (its entrypoint the server, its arguments the pod's), on the bookworm base
+/// `tests/tools/install-node.sh` made, with the one library the server needs beyond it
+/// (libgomp) taken from this machine. Tagged by what it is made of. Its reference.
+pub fn engine(model: &str) -> String {
+    let server = super::tools::llama_server();
+    let weights = super::tools::engine_model(model);
+    let libgomp = Path::new("/lib/x86_64-linux-gnu/libgomp.so.1");
+    let base = tool_setting("node", "NODE_BASE_IMAGE").expect("NODE_BASE_IMAGE from install-node.sh");
+    let containerfile = format!(
+        "FROM {base}\nCOPY libgomp.so.1 /usr/local/lib/libgomp.so.1\nCOPY llama-server /usr/local/bin/llama-server\n\
+         COPY model.gguf /models/{model}.gguf\nENV LD_LIBRARY_PATH=/usr/local/lib OMP_WAIT_POLICY=passive\n\
+         ENTRYPOINT [\"/usr/local/bin/llama-server\"]\n"
+    );
+    let mut inputs = Sha256::new();
+    for file in [server.as_path(), weights.as_path(), libgomp] {
+        inputs.update(file_sha256(file));
+    }
+    inputs.update(&containerfile);
+    inputs.update(run(podman().args(["image", "inspect", "--format", "{{.Id}}", &base])).trim());
+    let reference = format!("localhost/nightshift-engine:t-{}", &hex::encode(inputs.finalize())[..12]);
+    let cache = cache_dir().join("node");
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock = File::create(cache.join("image.lock")).unwrap();
+    lock.lock().expect("lock the image build");
+    if podman().args(["image", "exists", &reference]).status().is_ok_and(|s| s.success()) {
+        return reference;
+    }
+    let context = tempfile::Builder::new().prefix("nightshift-engine-image-").tempdir().unwrap();
+    std::fs::copy(&server, context.path().join("llama-server")).unwrap();
+    std::fs::copy(&weights, context.path().join("model.gguf")).unwrap();
+    std::fs::copy(libgomp, context.path().join("libgomp.so.1")).unwrap();
+    std::fs::write(context.path().join("Containerfile"), containerfile).unwrap();
+    let started = std::time::Instant::now();
+    run(podman().args(["build", "--quiet", "-t", &reference]).arg(context.path()));
+    eprintln!("[image] built {reference} in {:.1?}", started.elapsed());
+    reference
+}
+
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -43,6 +43,7 @@ print(json.dumps({
     "event": "finished",
     "id": batch.id,
     "status": batch.status,
+    "created_at": batch.created_at,
     "counts": batch.request_counts.model_dump(),
     "output": [json.loads(line) for line in output.splitlines()],
     "errors": [json.loads(line) for line in errors.splitlines()],
