@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use kube::runtime::reflector::Store;
 
 use super::crd::BatchResource;
 use crate::capacity::backlog::{self, Pending, Report, Serving};
+use crate::capacity::scale::Dispatch;
 use crate::clock::UnixSeconds;
 use crate::config::UpstreamConfig;
 
@@ -73,6 +75,22 @@ impl Workloads {
     }
 }
 
+/// The condition a Batch whose upstream's workload is scaled carries.
+pub const CAPACITY_READY: &str = "CapacityReady";
+
+/// `CapacityReady` for the lines of a batch at a scaled upstream: status, reason and message.
+pub fn capacity_condition(dispatch: Dispatch, workload: &str, max_wait: Duration) -> (&'static str, &'static str, String) {
+    match dispatch {
+        Dispatch::Hold => ("False", "WaitingForReplica", format!("its lines wait for a ready replica of {workload}")),
+        Dispatch::GaveUp => (
+            "False",
+            "NoReplicaReady",
+            format!("no replica of {workload} became ready within {max_wait:?} (scale.max_wait): its lines are sent anyway"),
+        ),
+        Dispatch::Send => ("True", "ReplicaReady", format!("a replica of {workload} is ready")),
+    }
+}
+
 /// The in-progress Batches with lines left, each under the upstream its model goes to.
 pub fn pending(routes: &Routes, batches: &Store<BatchResource>, now: UnixSeconds) -> Vec<Pending> {
     let batches = batches.state();
@@ -118,5 +136,20 @@ mod tests {
             assert_eq!(workloads.holds("llama"), holds, "{seen:?}");
         }
         assert_eq!(workloads.ready("llama"), Some(0));
+    }
+
+    #[test]
+    fn the_condition_says_whether_lines_wait_and_why() {
+        let wait = Duration::from_secs(180);
+        let cases = [
+            (Dispatch::Hold, "False", "WaitingForReplica", "its lines wait for a ready replica of Deployment/llama"),
+            (Dispatch::GaveUp, "False", "NoReplicaReady", "no replica of Deployment/llama became ready within 180s"),
+            (Dispatch::Send, "True", "ReplicaReady", "a replica of Deployment/llama is ready"),
+        ];
+        for (dispatch, status, reason, message) in cases {
+            let (s, r, m) = capacity_condition(dispatch, "Deployment/llama", wait);
+            assert_eq!((s, r), (status, reason));
+            assert!(m.starts_with(message), "{m}");
+        }
     }
 }

@@ -1,13 +1,14 @@
 //! A Batch's `status.conditions`, as kubectl users expect them: `Complete` once the batch
 //! completed, `Failed` once it failed, expired or was cancelled (the reason says which),
 //! so that `kubectl wait --for=condition=Complete batch/NAME` works. Pure: derived from the
-//! state each time a status is written.
+//! state each time a status is written. Conditions of other types (`CapacityReady`, set by
+//! `super::scaling`) pass through as the state has them.
 
 use crate::batches::{BatchState, Condition, Status};
 use crate::clock::UnixSeconds;
 
 /// The conditions of `state`, keeping each one's transition time from `previous` while its
-/// status stays the same.
+/// status stays the same; then `state`'s conditions of other types, as they are.
 pub fn conditions(
     state: &BatchState,
     previous: &[Condition],
@@ -34,7 +35,7 @@ pub fn conditions(
         }
         _ => None,
     };
-    ["Complete", "Failed"]
+    DERIVED
         .into_iter()
         .map(|type_| {
             let message = ended.as_ref().filter(|(holds, _)| *holds == type_).map(|(_, message)| message.clone());
@@ -53,8 +54,12 @@ pub fn conditions(
                 observed_generation: generation,
             }
         })
+        .chain(state.conditions.iter().filter(|c| !DERIVED.contains(&c.type_.as_str())).cloned())
         .collect()
 }
+
+/// The condition types derived from the state here.
+const DERIVED: [&str; 2] = ["Complete", "Failed"];
 
 /// `state` as it is written to a Batch whose status was `previous`: with its conditions and
 /// its progress (for `kubectl get batches`).
@@ -148,5 +153,24 @@ mod tests {
         completed.status = Status::Completed;
         let after = conditions(&completed, &first, None, 1_800_000_999);
         assert_ne!(of(&after, "Failed").last_transition_time, of(&first, "Failed").last_transition_time);
+    }
+
+    #[test]
+    fn conditions_of_other_types_pass_through() {
+        let mut state = BatchState::in_progress(1, 4);
+        let capacity = Condition {
+            type_: "CapacityReady".into(),
+            status: "False".into(),
+            reason: "WaitingForReplica".into(),
+            message: "no replica ready".into(),
+            last_transition_time: "2027-01-15T08:00:00Z".into(),
+            observed_generation: None,
+        };
+        state.conditions = conditions(&state, &[], None, 100);
+        state.conditions.push(capacity.clone());
+        let written = conditions(&state, &state.conditions, None, 200);
+        assert_eq!(written.len(), 3);
+        assert_eq!(of(&written, "CapacityReady"), capacity);
+        assert_eq!(written.iter().filter(|c| c.type_ == "Complete").count(), 1, "derived ones are not doubled");
     }
 }

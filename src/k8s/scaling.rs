@@ -4,7 +4,8 @@
 //! subresource when [`scale::decide`] says so, with an Event (`ScaledUp`, `ScaledDown`) on
 //! the workload and on the Batch that asked. While lines wait for a replica to become ready, the upstream's
 //! grants give them nothing (`super::capacity::Workloads::holds`); after `max_wait` they go out anyway,
-//! with a Warning Event on each Batch that waited.
+//! with a Warning Event on each Batch that waited. Each Batch of the upstream says which in
+//! its `CapacityReady` condition.
 //!
 //! The RBAC it needs is per workload: `get` on it and `get`, `patch` on its `scale`
 //! (`super::rbac::scale_rules`); the chart grants exactly that, for the workloads named.
@@ -21,7 +22,9 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use super::capacity::{self, Seen};
-use super::context::Context;
+use super::context::{Context, FIELD_MANAGER};
+use super::store::apply_status;
+use crate::batches::Condition;
 use super::crd::{BatchResource, resource_name};
 use crate::capacity::backlog::{self, Pending, Serving};
 use crate::capacity::scale::{self, Decision, Dispatch, History, Need, Reason, Workload};
@@ -88,6 +91,9 @@ pub async fn scale_workloads(ctx: Arc<Context>, batches: Store<BatchResource>, s
             crate::metrics::METRICS.capacity_waiting_of(&one.upstream).set(i64::from(dispatch == Dispatch::Hold));
             if gave_up_now && !had_given_up {
                 gave_up(&ctx, &batches, &pending, one).await;
+            }
+            if lines_left > 0 {
+                tell_batches(&ctx, &batches, &pending, one, dispatch, now).await;
             }
             let need = Need {
                 lines_left,
@@ -192,6 +198,41 @@ fn explain(reason: Reason) -> &'static str {
         Reason::Deadline => "a batch's projected finish passes its window, and more replicas make the pace",
         Reason::Idle => "no batch line left for the cooldown",
         Reason::Floor => "below min_replicas",
+    }
+}
+
+/// Sets `CapacityReady` on each Batch of `scaled`'s upstream whose condition says
+/// otherwise (a status write on a change only; one that lost a race is done next pass).
+async fn tell_batches(
+    ctx: &Context,
+    batches: &Store<BatchResource>,
+    pending: &[Pending],
+    scaled: &Scaled,
+    dispatch: Dispatch,
+    now: crate::clock::UnixSeconds,
+) {
+    let workload = format!("{:?}/{}", scaled.scale.kind, scaled.scale.name);
+    let (status, reason, message) = capacity::capacity_condition(dispatch, &workload, scaled.scale.max_wait);
+    for waiting in pending.iter().filter(|p| p.upstream == scaled.upstream) {
+        let Some(resource) = find(batches, &waiting.batch) else { continue };
+        let Some(state) = resource.status.as_ref() else { continue };
+        let current = state.conditions.iter().find(|c| c.type_ == capacity::CAPACITY_READY);
+        if current.is_some_and(|c| c.status == status && c.reason == reason) {
+            continue;
+        }
+        let mut state = state.clone();
+        state.conditions.retain(|c| c.type_ != capacity::CAPACITY_READY);
+        state.conditions.push(Condition {
+            type_: capacity::CAPACITY_READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.clone(),
+            last_transition_time: super::conditions::rfc3339(now),
+            observed_generation: resource.metadata.generation,
+        });
+        if let Err(error) = apply_status(&ctx.batches(), FIELD_MANAGER, &resource, &state).await {
+            tracing::warn!(batch = %resource.name_any(), %error, "cannot set the CapacityReady condition");
+        }
     }
 }
 

@@ -69,6 +69,12 @@ fn events(operator: &Operator, reason: &str, name: &str) -> String {
     operator.kubectl(&["get", "events", "-n", NS, "--field-selector", &selector, "-o", jsonpath])
 }
 
+/// The Batch's `CapacityReady` condition: its status and reason.
+fn capacity_reason(operator: &Operator, batch: &str) -> String {
+    let jsonpath = "jsonpath={.status.conditions[?(@.type==\"CapacityReady\")]['status', 'reason']}";
+    operator.kubectl(&["get", "batch", batch, "-n", NS, "-o", jsonpath])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_wakes_its_model_server_from_zero_and_gives_it_back_after_the_cooldown() {
     let scale = "    scale: {kind: Deployment, name: served, max_replicas: 2, cooldown: 4s, max_wait: 5m}\n";
@@ -97,12 +103,20 @@ async fn a_batch_wakes_its_model_server_from_zero_and_gives_it_back_after_the_co
     assert_eq!((mock["replicas_ready"].as_u64(), mock["lines_waiting"].as_u64()), (Some(0), Some(20)), "{backlog}");
     assert_eq!(mock["replicas_needed"], 1, "{backlog}");
     assert_eq!(scrape(&operator, "nightshift_capacity_waiting{upstream=\"mock\"}").await.1, 1.0);
+    let name = resource_name(&nightshift::ids::BatchId::parse(&id).unwrap());
+    let waiting = eventually("the batch says why it waits", 30, || async {
+        let reason = capacity_reason(&operator, &name);
+        (reason == "False WaitingForReplica").then_some(reason)
+    })
+    .await;
+    assert_eq!(waiting, "False WaitingForReplica");
 
     // The image fixed, a replica becomes ready: the lines go, and the batch completes.
     operator.kubectl(&["set", "image", "deployment/served", &format!("server={SLEEPER_IMAGE}"), "-n", NS]);
     let done = client.wait_terminal(&id, Duration::from_secs(90)).await;
     assert_eq!((done["status"].as_str(), done["request_counts"]["completed"].as_u64()), (Some("completed"), Some(20)));
     assert_eq!(operator.upstream.total_calls(), 20, "every line sent once");
+    assert_eq!(capacity_reason(&operator, &name), "True ReplicaReady");
     assert_eq!(scrape(&operator, "nightshift_capacity_waiting{upstream=\"mock\"}").await.1, 0.0);
 
     // Nothing left: back at zero once the cooldown has passed.
@@ -118,9 +132,9 @@ async fn a_batch_wakes_its_model_server_from_zero_and_gives_it_back_after_the_co
         on_server.contains("Deployment/served from 1 to 0 replicas for upstream mock: no batch line"),
         "{on_server}"
     );
-    let on_batch = events(&operator, "ScaledUp", &resource_name(&nightshift::ids::BatchId::parse(&id).unwrap()));
+    let on_batch = events(&operator, "ScaledUp", &name);
     assert!(on_batch.contains("Deployment/served from 0 to 1 replicas for upstream mock"), "{on_batch}");
-    let down = events(&operator, "ScaledDown", &resource_name(&nightshift::ids::BatchId::parse(&id).unwrap()));
+    let down = events(&operator, "ScaledDown", &name);
     assert_eq!(down, "", "going back to the floor is no batch's doing");
     let changes = "nightshift_scale_changes_total{upstream=\"mock\",reason=";
     assert_eq!(scrape(&operator, &format!("{changes}\"wake\"}}")).await.1, 1.0);
