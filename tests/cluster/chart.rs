@@ -228,6 +228,10 @@ fn the_dashboard_is_valid_json_over_the_documented_metrics() {
         "nightshift_upstream_concurrency_limit{",
         "nightshift_upstream_dispatch_held{",
         "nightshift_load_signal_failures_total{",
+        "nightshift_backlog_lines{",
+        "nightshift_backlog_pace_ratio{",
+        "nightshift_backlog_replicas_needed{",
+        "nightshift_scale_changes_total{",
     ] {
         assert!(exprs.iter().any(|e| e.contains(metric)), "no panel queries {metric}");
     }
