@@ -79,13 +79,19 @@ impl Workloads {
 pub const CAPACITY_READY: &str = "CapacityReady";
 
 /// `CapacityReady` for the lines of a batch at a scaled upstream: status, reason and message.
-pub fn capacity_condition(dispatch: Dispatch, workload: &str, max_wait: Duration) -> (&'static str, &'static str, String) {
+pub fn capacity_condition(
+    dispatch: Dispatch,
+    workload: &str,
+    max_wait: Duration,
+) -> (&'static str, &'static str, String) {
     match dispatch {
         Dispatch::Hold => ("False", "WaitingForReplica", format!("its lines wait for a ready replica of {workload}")),
         Dispatch::GaveUp => (
             "False",
             "NoReplicaReady",
-            format!("no replica of {workload} became ready within {max_wait:?} (scale.max_wait): its lines are sent anyway"),
+            format!(
+                "no replica of {workload} became ready within {max_wait:?} (scale.max_wait): its lines are sent anyway"
+            ),
         ),
         Dispatch::Send => ("True", "ReplicaReady", format!("a replica of {workload} is ready")),
     }

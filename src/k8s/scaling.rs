@@ -18,14 +18,14 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::capacity::{self, Seen};
 use super::context::{Context, FIELD_MANAGER};
+use super::crd::{BatchResource, resource_name};
 use super::store::apply_status;
 use crate::batches::Condition;
-use super::crd::{BatchResource, resource_name};
 use crate::capacity::backlog::{self, Pending, Serving};
 use crate::capacity::scale::{self, Decision, Dispatch, History, Need, Reason, Workload};
 use crate::config::{ScaleConfig, WorkloadKind};
@@ -101,8 +101,8 @@ pub async fn scale_workloads(ctx: Arc<Context>, batches: Store<BatchResource>, s
                 replicas: backlog.replicas_needed.unwrap_or(0),
             };
             if let Decision::Scale { to, reason } = scale::decide(need, *workload, one.scale.bounds(), history, now) {
-                let asking = earliest(&pending, &one.upstream).and_then(|id| find(&batches, id));
-                apply(&ctx, one, workload.replicas, to, reason, reference, asking.as_ref()).await;
+                let asking = earliest(&pending, &one.upstream).and_then(|id| find(&ctx, &batches, id));
+                apply(&ctx, one, workload.replicas, to, reason, reference, asking.as_deref()).await;
             }
         }
     }
@@ -113,9 +113,9 @@ fn earliest<'a>(pending: &'a [Pending], upstream: &str) -> Option<&'a crate::ids
     pending.iter().filter(|p| p.upstream == upstream).min_by_key(|p| p.expires_at).map(|p| &p.batch)
 }
 
-fn find(batches: &Store<BatchResource>, id: &crate::ids::BatchId) -> Option<BatchResource> {
-    let name = resource_name(id);
-    batches.state().into_iter().find(|b| b.name_any() == name).map(|b| (*b).clone())
+/// The Batch of `id` in the watch cache (a lookup by name, not a scan).
+fn find(ctx: &Context, batches: &Store<BatchResource>, id: &crate::ids::BatchId) -> Option<Arc<BatchResource>> {
+    batches.get(&ObjectRef::new(&resource_name(id)).within(&ctx.namespace))
 }
 
 /// The workload's replicas as asked for and as ready, and a reference for its Events.
@@ -214,7 +214,7 @@ async fn tell_batches(
     let workload = format!("{:?}/{}", scaled.scale.kind, scaled.scale.name);
     let (status, reason, message) = capacity::capacity_condition(dispatch, &workload, scaled.scale.max_wait);
     for waiting in pending.iter().filter(|p| p.upstream == scaled.upstream) {
-        let Some(resource) = find(batches, &waiting.batch) else { continue };
+        let Some(resource) = find(ctx, batches, &waiting.batch) else { continue };
         let Some(state) = resource.status.as_ref() else { continue };
         let current = state.conditions.iter().find(|c| c.type_ == capacity::CAPACITY_READY);
         if current.is_some_and(|c| c.status == status && c.reason == reason) {
@@ -243,7 +243,7 @@ async fn gave_up(ctx: &Context, batches: &Store<BatchResource>, pending: &[Pendi
         scaled.scale.kind, scaled.scale.name, scaled.scale.max_wait
     );
     for waiting in pending.iter().filter(|p| p.upstream == scaled.upstream) {
-        if let Some(batch) = find(batches, &waiting.batch) {
+        if let Some(batch) = find(ctx, batches, &waiting.batch) {
             ctx.event(&batch, EventType::Warning, "CapacityNotReady", note.clone()).await;
         }
     }

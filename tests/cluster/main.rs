@@ -6,6 +6,6 @@ mod common;
 
 mod capacity;
 mod chart;
-mod night_shift;
 mod cluster_harness;
+mod night_shift;
 mod operator;
