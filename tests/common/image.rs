@@ -51,13 +51,7 @@ pub fn build(build: &str) -> String {
     }
     let hash = hex::encode(inputs.finalize());
     let reference = format!("{REPOSITORY}:t-{}-{build}", &hash[..12]);
-    let cache = cache_dir().join("node");
-    std::fs::create_dir_all(&cache).unwrap();
-    let lock = File::create(cache.join("image.lock")).unwrap();
-    lock.lock().expect("lock the image build");
-    if podman().args(["image", "exists", &reference]).status().is_ok_and(|s| s.success()) {
-        return reference;
-    }
+    let Some(_building) = lock_unbuilt(&reference) else { return reference };
     let context = tempfile::Builder::new().prefix("nightshift-image-").tempdir().unwrap();
     run(Command::new("strip").arg("-o").arg(context.path().join("nightshift")).arg(binary));
     let started = std::time::Instant::now();
@@ -100,13 +94,7 @@ pub fn engine(model: &str) -> String {
     inputs.update(&containerfile);
     inputs.update(run(podman().args(["image", "inspect", "--format", "{{.Id}}", &base])).trim());
     let reference = format!("localhost/nightshift-engine:t-{}", &hex::encode(inputs.finalize())[..12]);
-    let cache = cache_dir().join("node");
-    std::fs::create_dir_all(&cache).unwrap();
-    let lock = File::create(cache.join("image.lock")).unwrap();
-    lock.lock().expect("lock the image build");
-    if podman().args(["image", "exists", &reference]).status().is_ok_and(|s| s.success()) {
-        return reference;
-    }
+    let Some(_building) = lock_unbuilt(&reference) else { return reference };
     let context = tempfile::Builder::new().prefix("nightshift-engine-image-").tempdir().unwrap();
     std::fs::copy(&server, context.path().join("llama-server")).unwrap();
     std::fs::copy(&weights, context.path().join("model.gguf")).unwrap();
@@ -116,6 +104,17 @@ pub fn engine(model: &str) -> String {
     run(podman().args(["build", "--quiet", "-t", &reference]).arg(context.path()));
     eprintln!("[image] built {reference} in {:.1?}", started.elapsed());
     reference
+}
+
+/// Takes the image-build lock and keeps it while `reference` is built: `None` (the lock
+/// let go) when it is built already, by this run's other tests or an earlier run.
+fn lock_unbuilt(reference: &str) -> Option<File> {
+    let cache = cache_dir().join("node");
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock = File::create(cache.join("image.lock")).unwrap();
+    lock.lock().expect("lock the image build");
+    let built = podman().args(["image", "exists", reference]).status().is_ok_and(|s| s.success());
+    (!built).then_some(lock)
 }
 
 fn repo_root() -> PathBuf {
