@@ -110,6 +110,11 @@ mod tests {
 
     use super::*;
     use crate::batches::{BatchSpec, BatchState};
+    use crate::config::WorkerTemplate;
+    use crate::ids::{BatchId, FileId, ProjectId};
+    use crate::k8s::crd::{BatchResourceSpec, resource_name};
+    use crate::k8s::jobs::shard_job;
+    use crate::validate::{Shard, ShardPlan};
 
     /// How many shard Jobs `ours` may run now, as the controller reads it.
     fn share(
@@ -122,11 +127,6 @@ mod tests {
     ) -> usize {
         allotment(ours, batches, jobs, weights, scheduling, slots)[&ours.name_any()]
     }
-    use crate::config::WorkerTemplate;
-    use crate::ids::{BatchId, FileId, ProjectId};
-    use crate::k8s::crd::{BatchResourceSpec, resource_name};
-    use crate::k8s::jobs::shard_job;
-    use crate::validate::{Shard, ShardPlan};
 
     fn shard(index: u32) -> Shard {
         Shard { index, first_request: u64::from(index) * 10, requests: 10, byte_start: 0, byte_end: 1 }

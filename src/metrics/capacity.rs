@@ -98,35 +98,32 @@ impl Capacity {
         }
     }
 
-    /// Sets the gauges from `report` and keeps it. Upstreams and models no longer in the
-    /// report lose their series.
+    /// Sets the gauges from `report` and keeps it. Series of upstreams, models and values
+    /// the last report had and this one has not are removed, after the others are set
+    /// (clearing first would let a scrape in between see none).
     pub(super) fn publish(&self, report: Report) {
-        for family in
-            [&self.lines, &self.in_flight, &self.tokens, &self.slack, &self.replicas_ready, &self.replicas_needed]
-        {
-            family.clear();
-        }
-        for family in [&self.pace, &self.pace_needed, &self.pace_ratio] {
-            family.clear();
-        }
-        self.model_lines.clear();
-        self.model_tokens.clear();
+        let upstream_gauges = [&self.lines, &self.in_flight, &self.tokens];
+        let optional_gauges = [&self.slack, &self.replicas_ready, &self.replicas_needed];
+        let float_gauges = [&self.pace, &self.pace_needed, &self.pace_ratio];
         for (name, upstream) in &report.upstreams {
             let label = UpstreamLabel { upstream: name.clone() };
-            self.lines.get_or_create(&label).set(upstream.lines_waiting as i64);
-            self.in_flight.get_or_create(&label).set(upstream.lines_in_flight as i64);
-            self.tokens.get_or_create(&label).set(upstream.tokens_waiting as i64);
-            self.pace.get_or_create(&label).set(upstream.pace);
-            self.pace_needed.get_or_create(&label).set(upstream.pace_needed);
-            self.pace_ratio.get_or_create(&label).set(upstream.pace_ratio);
+            let counts = [upstream.lines_waiting, upstream.lines_in_flight, upstream.tokens_waiting];
+            for (family, value) in upstream_gauges.iter().zip(counts) {
+                family.get_or_create(&label).set(value as i64);
+            }
+            for (family, value) in float_gauges.iter().zip([upstream.pace, upstream.pace_needed, upstream.pace_ratio]) {
+                family.get_or_create(&label).set(value);
+            }
             let known = [
-                (&self.slack, upstream.deadline_slack_seconds),
-                (&self.replicas_ready, upstream.replicas_ready.map(i64::from)),
-                (&self.replicas_needed, upstream.replicas_needed.map(i64::from)),
+                upstream.deadline_slack_seconds,
+                upstream.replicas_ready.map(i64::from),
+                upstream.replicas_needed.map(i64::from),
             ];
-            for (family, value) in known {
+            for (family, value) in optional_gauges.iter().zip(known) {
                 if let Some(value) = value {
                     family.get_or_create(&label).set(value);
+                } else {
+                    family.remove(&label);
                 }
             }
             for (model, backlog) in &upstream.models {
@@ -135,7 +132,25 @@ impl Capacity {
                 self.model_tokens.get_or_create(&labels).set(backlog.tokens_waiting as i64);
             }
         }
-        *self.report.write().expect("the backlog report") = Some(report);
+        let mut kept = self.report.write().expect("the backlog report");
+        for (name, before) in kept.iter().flat_map(|before| &before.upstreams) {
+            let now = report.upstreams.get(name);
+            let label = UpstreamLabel { upstream: name.clone() };
+            if now.is_none() {
+                for family in upstream_gauges.iter().chain(&optional_gauges) {
+                    family.remove(&label);
+                }
+                for family in float_gauges {
+                    family.remove(&label);
+                }
+            }
+            for model in before.models.keys().filter(|model| now.is_none_or(|now| !now.models.contains_key(*model))) {
+                let labels = ModelLabels { upstream: name.clone(), model: model.clone() };
+                self.model_lines.remove(&labels);
+                self.model_tokens.remove(&labels);
+            }
+        }
+        *kept = Some(report);
     }
 
     pub(super) fn report(&self) -> Option<Report> {
