@@ -188,6 +188,12 @@ pub struct BatchState {
     /// On Kubernetes, that time in RFC 3339 (`kubectl get batches`' ETA column).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub eta: String,
+    /// On Kubernetes, where an applied Batch's output file was copied (`spec.output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_uri: Option<String>,
+    /// On Kubernetes, where an applied Batch's error file was copied (`spec.output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_uri: Option<String>,
 }
 
 /// A map keyed by shard index, from JSON's string keys. serde_json would turn them into
@@ -238,6 +244,11 @@ impl BatchState {
         self.completed_at.or(self.failed_at).or(self.expired_at).or(self.cancelled_at)
     }
 
+    /// A batch whose input is being read and checked.
+    pub fn validating() -> Self {
+        Self::empty(Status::Validating)
+    }
+
     /// A batch whose input was refused.
     pub fn failed(now: UnixSeconds, errors: Vec<BatchError>) -> Self {
         Self { failed_at: Some(now), errors, ..Self::empty(Status::Failed) }
@@ -265,6 +276,8 @@ impl BatchState {
             progress: String::new(),
             estimated_completion_at: None,
             eta: String::new(),
+            output_uri: None,
+            error_uri: None,
         }
     }
 }

@@ -12,6 +12,13 @@ use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
 use crate::validate::{self, InvalidInput, ValidInput, Validator};
 
+/// What one validation pass made of a create request: a batch to run, or one whose
+/// input was refused (recorded as `failed`, with why).
+pub enum Decided {
+    Valid(Batch),
+    Invalid { batch: Batch, error: InvalidInput },
+}
+
 /// Looks up and validates the input, then persists the batch under `id` (chosen by the
 /// caller, so that an idempotency key can name it before it exists).
 pub async fn create_batch(
@@ -22,6 +29,39 @@ pub async fn create_batch(
     id: BatchId,
     request: CreateBatch,
 ) -> Result<Batch, CreateError> {
+    match decide_batch(files, settings, project, id, request).await? {
+        Decided::Valid(batch) => {
+            store.insert(&batch).await?;
+            tracing::info!(batch = %batch.spec.id, requests = batch.state.request_counts.total, shards = batch.spec.plan.shards.len(), "batch created");
+            Ok(batch)
+        }
+        Decided::Invalid { batch, error } => {
+            announce_refusal(files, &batch).await?;
+            store.insert(&batch).await?;
+            tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
+            Err(CreateError::Invalid { error, batch: Box::new(batch) })
+        }
+    }
+}
+
+/// Tells the project's webhooks that `batch` failed validation (as the lifecycle tells
+/// every ending), before the failed batch is persisted.
+pub async fn announce_refusal(files: &FileCatalog, batch: &Batch) -> Result<(), CreateError> {
+    let (project, id) = (&batch.spec.project_id, &batch.spec.id);
+    let failed_at = batch.state.failed_at.unwrap_or_else(clock::now);
+    crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, failed_at).await?;
+    Ok(())
+}
+
+/// Looks up the input (a live file of the project, uploaded for batches) and validates
+/// it in one streaming pass: the batch as it is to be persisted under `id`.
+pub async fn decide_batch(
+    files: &FileCatalog,
+    settings: BatchSettings,
+    project: &ProjectId,
+    id: BatchId,
+    request: CreateBatch,
+) -> Result<Decided, CreateError> {
     let input = files
         .find(project, &request.input_file_id)
         .await?
@@ -47,14 +87,11 @@ pub async fn create_batch(
     let verdict = validate_input(files, &input, &spec.endpoint, settings).await?;
 
     let now = clock::now();
-    match verdict {
+    Ok(match verdict {
         Ok(valid) => {
             spec.plan = valid.shards;
             spec.model = valid.model;
-            let batch = Batch { spec, state: BatchState::in_progress(now, valid.requests) };
-            store.insert(&batch).await?;
-            tracing::info!(batch = %batch.spec.id, requests = valid.requests, shards = batch.spec.plan.shards.len(), "batch created");
-            Ok(batch)
+            Decided::Valid(Batch { spec, state: BatchState::in_progress(now, valid.requests) })
         }
         Err(error) => {
             let recorded = BatchError {
@@ -63,14 +100,9 @@ pub async fn create_batch(
                 line: error.line,
                 param: error.param.map(str::to_owned),
             };
-            let batch = Batch { spec, state: BatchState::failed(now, vec![recorded]) };
-            let (project, id) = (&batch.spec.project_id, &batch.spec.id);
-            crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, now).await?;
-            store.insert(&batch).await?;
-            tracing::info!(batch = %batch.spec.id, reason = %error, "batch input refused");
-            Err(CreateError::Invalid { error, batch: Box::new(batch) })
+            Decided::Invalid { batch: Batch { spec, state: BatchState::failed(now, vec![recorded]) }, error }
         }
-    }
+    })
 }
 
 /// One streaming validation pass over `input` (a file too large is refused unread; one

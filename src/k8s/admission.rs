@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
-use super::crd::{BATCH_LABEL, BatchResource};
+use super::crd::{BATCH_LABEL, BatchResource, resource_name};
 use super::jobs::job_workers;
-use crate::batches::Status;
+use crate::batches::{BatchSpec, Status};
 use crate::config::Scheduling;
 use crate::drive::WorkerPhase;
 use crate::lifecycle::schedule::{Candidate, allot, allot_in_order};
@@ -46,12 +46,12 @@ pub fn allotment(
             by_batch.entry(batch.as_str()).or_default().push(job.as_ref());
         }
     }
-    let resources: Vec<&BatchResource> = others.chain(std::iter::once(ours)).collect();
+    let resources: Vec<(&BatchResource, &BatchSpec)> =
+        others.chain(std::iter::once(ours)).filter_map(|b| Some((b, b.accepted()?))).collect();
     let candidates: Vec<Candidate<String>> = resources
         .iter()
-        .map(|resource| {
-            let spec = &resource.spec.batch;
-            let own = by_batch.get(resource.name_any().as_str()).map(Vec::as_slice).unwrap_or_default();
+        .map(|(resource, spec)| {
+            let own = by_batch.get(resource_name(&spec.id).as_str()).map(Vec::as_slice).unwrap_or_default();
             let failures = resource.status.as_ref().map(|s| s.shard_failures.clone()).unwrap_or_default();
             let done = job_workers(own, &failures).values().filter(|phase| **phase == WorkerPhase::Succeeded).count();
             let project = spec.project_id.to_string();
@@ -69,7 +69,7 @@ pub fn allotment(
         Scheduling::Fair => allot(slots, &candidates),
         Scheduling::Fifo => allot_in_order(slots, &candidates),
     };
-    resources.iter().map(|resource| resource.name_any()).zip(shares).collect()
+    resources.iter().map(|(resource, _)| resource.name_any()).zip(shares).collect()
 }
 
 /// The last allotment, reused while it is [`FRESH`] and the running Jobs are as many:
@@ -149,14 +149,15 @@ mod tests {
             output_expires_after: None,
             plan: ShardPlan { shard_lines: 10, shards: (0..shards).map(shard).collect() },
         };
-        let mut resource = BatchResource::new(&name, BatchResourceSpec { batch: spec });
+        let mut resource = BatchResource::new(&name, BatchResourceSpec::recorded(spec));
         resource.metadata.uid = Some(format!("uid-{name}"));
         resource.status = Some(BatchState::in_progress(created_at, u64::from(shards) * 10));
         Arc::new(resource)
     }
 
     fn job(batch: &BatchResource, index: u32, complete: bool) -> Arc<Job> {
-        let mut job = shard_job(batch, &shard(index), 0, &WorkerTemplate::default(), None);
+        let spec = batch.accepted().unwrap();
+        let mut job = shard_job(batch, spec, &shard(index), 0, &WorkerTemplate::default(), None);
         if complete {
             let condition = JobCondition { type_: "Complete".into(), status: "True".into(), ..Default::default() };
             job.status = Some(JobStatus { conditions: Some(vec![condition]), ..Default::default() });

@@ -101,7 +101,7 @@ pub fn capacity_condition(
 pub fn pending(routes: &Routes, batches: &Store<BatchResource>, now: UnixSeconds) -> Vec<Pending> {
     let batches = batches.state();
     backlog::pending(
-        batches.iter().filter_map(|b| Some((&b.spec.batch, b.status.as_ref()?))),
+        batches.iter().filter_map(|b| Some((b.accepted()?, b.status.as_ref()?))),
         |model| routes.name_of(model),
         now,
     )

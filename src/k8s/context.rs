@@ -49,6 +49,10 @@ pub struct Context {
     pub routes: super::capacity::Routes,
     /// The workloads behind upstreams, as the scaling loop last read them.
     pub workloads: super::capacity::Workloads,
+    /// How an applied Batch is checked and planned (`batches:`), as the api does.
+    pub batch_settings: crate::batches::BatchSettings,
+    /// The buckets applied Batches read their input from and copy their output to.
+    pub buckets: crate::storage::buckets::Buckets,
 }
 
 /// How long a created Job counts as running before the cache shows it.

@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use super::admission::allotment;
 use super::context::{Context, FIELD_MANAGER};
-use super::crd::{BATCH_LABEL, BatchResource};
+use super::crd::{BATCH_LABEL, BatchResource, resource_name};
 use super::guard::valid_only;
 use super::jobs::{is_running_worker, job_attempt, job_shard, job_workers, shard_job};
 use super::store::{apply_status, to_batch};
@@ -35,6 +35,7 @@ use crate::clock;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
+use crate::ids::ProjectId;
 use crate::lifecycle::decide as decisions;
 use crate::metrics::{METRICS, ReasonLabel};
 use crate::storage::StorageError;
@@ -269,13 +270,26 @@ fn error_policy(batch: Arc<BatchResource>, error: &ControllerError, _ctx: Arc<Co
 }
 
 async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    let finished = resource.status.as_ref().and_then(BatchState::finished_at);
+    if let Some(finished_at) = finished {
+        return after_finish(resource, finished_at, ctx).await;
+    }
+    if resource.accepted().is_none() {
+        return super::accept::accept(resource, ctx).await;
+    }
     if resource.status.is_none() {
         return recover_statusless(resource, ctx).await;
     }
     forget_statusless(resource, ctx);
-    let batch = to_batch(resource);
-    let name = resource.name_any();
-    let jobs = ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
+    drive_pass(resource, ctx).await
+}
+
+/// One pass of the driver over an accepted Batch with a status.
+async fn drive_pass(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
+    let (Some(batch), Some(key)) = (to_batch(resource), resource.key()) else {
+        return Ok(Action::await_change());
+    };
+    let jobs = ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&key)).collect();
     let runtime = KubeRuntime { ctx, resource: Mutex::new(Arc::new(resource.clone())), jobs };
     let expires_at = batch.spec.expires_at;
     Ok(match drive(&runtime, &ctx.exec, batch).await? {
@@ -289,6 +303,37 @@ async fn apply(resource: &BatchResource, ctx: &Context) -> Result<Action, Contro
     })
 }
 
+/// A finished Batch: its files go to its output location (an applied Batch that names
+/// one), and it is deleted once `ttlSecondsAfterFinished` passed.
+async fn after_finish(resource: &BatchResource, finished_at: i64, ctx: &Context) -> Result<Action, ControllerError> {
+    if let (Some(spec), Some(state)) = (resource.accepted(), resource.status.as_ref())
+        && super::outputs::undelivered(resource, state)
+    {
+        super::outputs::deliver(resource, spec, state, ctx).await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let Some(ttl) = resource.spec.ttl_seconds_after_finished else {
+        return Ok(Action::await_change());
+    };
+    match decisions::time_to_live(finished_at, ttl, clock::now()) {
+        Some(left) => Ok(Action::requeue(left)),
+        None => {
+            if resource.metadata.deletion_timestamp.is_none() {
+                let note = format!("finished {}s ago; ttlSecondsAfterFinished is {ttl}", clock::now() - finished_at);
+                ctx.event(resource, EventType::Normal, "Expired", note).await;
+                let params =
+                    DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..DeleteParams::default() };
+                match ctx.batches().delete(&resource.name_any(), &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Ok(Action::await_change())
+        }
+    }
+}
+
 /// The api writes a Batch's first status right after creating it; one still without a
 /// status after [`STATUSLESS_GRACE`] (timed from when this controller first saw it, so
 /// no other host's clock is read) gets the status its api would have written.
@@ -300,7 +345,8 @@ async fn recover_statusless(resource: &BatchResource, ctx: &Context) -> Result<A
     if waited < STATUSLESS_GRACE {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let state = decisions::recovered_state(&resource.spec.batch, clock::now());
+    let Some(spec) = resource.accepted() else { return Ok(Action::await_change()) };
+    let state = decisions::recovered_state(spec, clock::now());
     if write_status(resource, &state, ctx).await?.is_some() {
         let note = format!(
             "no status {}s after it was seen: its api stopped before writing it; now {}",
@@ -375,7 +421,8 @@ impl Runtime for KubeRuntime<'_> {
     /// bound by now (another batch's pass started some): then a later pass starts it.
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ControllerError> {
         let attempt = batch.state.shard_failures.get(&shard.index).copied().unwrap_or(0);
-        let job = shard_job(&self.resource(), shard, attempt, &self.ctx.worker, quota_left(self.ctx, batch));
+        let left = quota_left(self.ctx, &batch.spec.project_id);
+        let job = shard_job(&self.resource(), &batch.spec, shard, attempt, &self.ctx.worker, left);
         let _starting = self.ctx.starting.lock().await;
         if self.ctx.running_jobs() >= self.ctx.max_running_shards {
             return Ok(());
@@ -408,7 +455,7 @@ impl Runtime for KubeRuntime<'_> {
             Some(written) => {
                 let batch = to_batch(&written);
                 *self.resource.lock().expect("resource") = Arc::new(written);
-                Ok(Some(batch))
+                Ok(batch)
             }
             None => Ok(None),
         }
@@ -482,19 +529,37 @@ async fn delete_job(ctx: &Context, name: &str) -> Result<(), ControllerError> {
     }
 }
 
-/// Tokens the batch's project may still use, when it has a quota.
-fn quota_left(ctx: &Context, batch: &Batch) -> Option<u64> {
-    let project = ctx.projects.state().into_iter().find(|p| p.spec.id == batch.spec.project_id)?;
+/// Tokens `project` may still use, when it has a quota.
+pub(super) fn quota_left(ctx: &Context, project: &ProjectId) -> Option<u64> {
+    let project = ctx.projects.state().into_iter().find(|p| p.spec.id == *project)?;
     let quota = project.spec.quota?.tokens;
     let used = project.status.as_ref().map_or(0, |s| s.used_tokens);
     Some(quota.saturating_sub(used))
 }
 
-/// The Batch is being deleted: its Jobs go first (their pods stop), then, once a
-/// stopped worker has had its grace period to commit, the shard data in object
-/// storage. Files the batch produced stay: they are the user's, under the Files API.
+/// The Batch is being deleted. One still running is cancelled first and driven to its
+/// end (its workers stop and commit, finalize writes the lines they ran), so nothing is
+/// left running and nothing done is lost. Then its Jobs go, and, once a stopped worker
+/// has had its grace period to commit, the shard data in object storage. Files the
+/// batch produced stay: they are the user's, under the Files API.
 async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, ControllerError> {
-    let name = resource.name_any();
+    let Some(spec) = resource.accepted() else { return Ok(Action::await_change()) };
+    if let Some(mut state) = resource.status.clone().filter(|state| !state.status.is_terminal()) {
+        if matches!(crate::batches::cancel(&mut state, clock::now()), Ok(true)) {
+            if write_status(resource, &state, ctx).await?.is_some() {
+                let note = "deleted while it ran: cancelled first, its workers stop and finalize writes what ran";
+                ctx.event(resource, EventType::Normal, "CancelledOnDelete", note.to_owned()).await;
+            }
+            return Err(ControllerError::Waiting("the cancel to be written"));
+        }
+        drive_pass(resource, ctx).await?;
+        return Err(ControllerError::Waiting("the deleted batch's cancel to finish"));
+    }
+    if let Some(state) = resource.status.as_ref().filter(|state| super::outputs::undelivered(resource, state)) {
+        super::outputs::deliver(resource, spec, state, ctx).await?;
+        return Err(ControllerError::Waiting("the output to be recorded"));
+    }
+    let name = resource_name(&spec.id);
     let jobs: Vec<Arc<Job>> =
         ctx.jobs.state().into_iter().filter(|job| job.labels().get(BATCH_LABEL) == Some(&name)).collect();
     if !jobs.is_empty() {
@@ -513,12 +578,12 @@ async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, Cont
     if clock::now() - deleted_at < ctx.exec.settings.cancel_grace.as_secs() as i64 {
         return Err(ControllerError::Waiting("stopped workers to commit"));
     }
-    let prefix = format!("batches/{}/", resource.spec.batch.id);
+    let prefix = format!("batches/{}/", spec.id);
     let store = ctx.exec.store.as_ref();
     for key in store.list(&prefix).await.map_err(ExecError::from)? {
         store.delete(&key).await.map_err(ExecError::from)?;
     }
-    ctx.exec.checkpoints.forget(&resource.spec.batch.id);
+    ctx.exec.checkpoints.forget(&spec.id);
     Ok(Action::await_change())
 }
 

@@ -3,24 +3,29 @@
 //! `nightshift crd` prints their CRDs; `crds/` holds the committed copy, and a test
 //! fails when the two drift apart.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, ValidationRule};
 use kube::CustomResource;
 use kube::core::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::applied::BatchRequest;
 use crate::batches::{BatchSpec, BatchState};
 use crate::ids::{BatchId, ProjectId};
+
+mod batch_spec;
 
 pub const GROUP: &str = "nightshift.dev";
 /// Label on every Batch (and its Jobs) naming the project that owns it.
 pub const PROJECT_LABEL: &str = "nightshift.dev/project";
 /// Label on a Batch's Jobs naming the batch.
 pub const BATCH_LABEL: &str = "nightshift.dev/batch";
+/// Label on a Batch saying where it came from: `api` or `applied`.
+pub const SOURCE_LABEL: &str = "nightshift.dev/source";
 
 /// A batch: `spec` is the immutable create request with its shard plan, `status`
 /// its lifecycle, counts and files. Fields keep the OpenAI Batch object's names.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, PartialEq)]
 #[kube(
     group = "nightshift.dev",
     version = "v1alpha1",
@@ -37,13 +42,40 @@ pub const BATCH_LABEL: &str = "nightshift.dev/batch";
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.request_counts.failed"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.request_counts.total"}"#,
     printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.eta"}"#,
+    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".metadata.labels.nightshift\\.dev/source"}"#,
+    printcolumn = r#"{"name":"Output","type":"string","priority":1,"jsonPath":".spec.output.uri"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct BatchResourceSpec {
-    #[serde(flatten)]
-    pub batch: BatchSpec,
+    /// What a user applied (`kubectl apply`); `None` for a batch created through the API.
+    pub request: Option<BatchRequest>,
+    /// Seconds after the batch finished at which the controller deletes the resource (as
+    /// a Job's field of the same name); its files follow their own expiry.
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// The batch as accepted: written by the api when it creates one, and by the
+    /// controller once it accepted an applied request (`None` until then).
+    pub batch: Option<BatchSpec>,
 }
 
+impl BatchResourceSpec {
+    /// The spec of a batch created through the API: its record, nothing applied.
+    pub fn recorded(batch: BatchSpec) -> Self {
+        Self { request: None, ttl_seconds_after_finished: None, batch: Some(batch) }
+    }
+}
+
+impl BatchResource {
+    /// The batch as accepted, if it is.
+    pub fn accepted(&self) -> Option<&BatchSpec> {
+        self.spec.batch.as_ref()
+    }
+
+    /// The name the batch's Jobs, grants and shard data know it by: the resource's name
+    /// for a batch made through the API, its id's spelling as a name for an applied one.
+    pub fn key(&self) -> Option<String> {
+        self.accepted().map(|spec| resource_name(&spec.id))
+    }
+}
 /// A project: its id (sent as `x-project-id`), its API keys as SHA-256 hashes held in
 /// Secrets, and its token quota. `status.used_tokens` is kept by the controller.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -131,6 +163,9 @@ pub fn resource_name(id: &BatchId) -> String {
     id.as_str().to_ascii_lowercase().replace('_', "-")
 }
 
+/// The terminal statuses, as a CEL list.
+const TERMINAL: &str = "['failed', 'completed', 'expired', 'cancelled']";
+
 /// Both CRDs, as installed.
 ///
 /// A Batch's status is one document, applied whole by the role that decided it (api or
@@ -142,7 +177,13 @@ pub fn crds() -> [CustomResourceDefinition; 2] {
     for version in &mut batch.spec.versions {
         let schema = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut());
         let status = schema.and_then(|s| s.properties.as_mut()).and_then(|p| p.get_mut("status"));
-        status.expect("the Batch CRD has a status").x_kubernetes_map_type = Some("atomic".to_owned());
+        let status = status.expect("the Batch CRD has a status");
+        status.x_kubernetes_map_type = Some("atomic".to_owned());
+        status.x_kubernetes_validations = Some(vec![ValidationRule {
+            rule: format!("!(oldSelf.status in {TERMINAL}) || self.status == oldSelf.status"),
+            message: Some("a finished Batch's status never changes".to_owned()),
+            ..ValidationRule::default()
+        }]);
     }
     [batch, ProjectResource::crd()]
 }
@@ -181,7 +222,7 @@ mod tests {
         assert!(version.subresources.as_ref().unwrap().status.is_some());
         let columns: Vec<_> =
             version.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(columns, ["Status", "Progress", "Completed", "Failed", "Total", "ETA", "Age"]);
+        assert_eq!(columns, ["Status", "Progress", "Completed", "Failed", "Total", "ETA", "Source", "Output", "Age"]);
         assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["nsb".to_owned()][..]));
         let schema = serde_json::to_value(&version.schema).unwrap();
         let metadata = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["metadata"];

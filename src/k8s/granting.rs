@@ -55,7 +55,7 @@ pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, ups
         let running: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
         workers.observe(store.as_ref(), &jobs, &running).await;
         for stale in warned.due(Instant::now(), stale_signals::reported(&running, &workers.seen)) {
-            let batch = batches.state().into_iter().find(|b| resource_name(&b.spec.batch.id) == stale.batch);
+            let batch = batches.state().into_iter().find(|b| b.key().as_deref() == Some(stale.batch.as_str()));
             if let Some(batch) = batch {
                 ctx.event(&batch, EventType::Warning, "LoadSignalStale", stale.note()).await;
             }
@@ -229,7 +229,7 @@ async fn share_quotas(
         .state()
         .iter()
         .filter(|b| b.status.as_ref().is_some_and(|s| !s.status.is_terminal()))
-        .map(|b| resource_name(&b.spec.batch.id))
+        .filter_map(|b| b.key())
         .collect();
     final_usage.retain(|(batch, _), _| unfinished.contains(batch));
     let mut grants = BTreeMap::new();
@@ -272,20 +272,22 @@ async fn project_usage(
     let store = ctx.exec.store.as_ref();
     let mut committed = 0;
     let mut shard_usage: HashMap<(String, u32), u64> = HashMap::new();
-    for batch in batches.state().iter().filter(|b| b.spec.batch.project_id.as_str() == project_id) {
-        let Some(status) = &batch.status else { continue };
-        let name = resource_name(&batch.spec.batch.id);
+    for batch in batches.state().iter() {
+        let (Some(spec), Some(status)) = (batch.accepted(), &batch.status) else { continue };
+        if spec.project_id.as_str() != project_id {
+            continue;
+        }
+        let name = resource_name(&spec.id);
         if status.status.is_terminal() {
             committed += status.usage.total_tokens;
             continue;
         }
-        for shard in &batch.spec.batch.plan.shards {
+        for shard in &spec.plan.shards {
             let key = (name.clone(), shard.index);
             let usage = match final_usage.get(&key) {
                 Some(usage) => *usage,
                 None => {
-                    let ledger =
-                        ctx.exec.checkpoints.ledger(store, &batch.spec.batch.id, shard.index, shard.requests).await?;
+                    let ledger = ctx.exec.checkpoints.ledger(store, &spec.id, shard.index, shard.requests).await?;
                     if ledger.is_complete() && !live.contains(&key) {
                         final_usage.insert(key.clone(), ledger.usage.total_tokens);
                     }

@@ -54,21 +54,19 @@ mod tests {
         // The guard decodes through a generic value, where map keys stay strings.
         let mut resource = BatchResource::new(
             "batch-x",
-            crate::k8s::crd::BatchResourceSpec {
-                batch: crate::batches::BatchSpec {
-                    id: crate::ids::BatchId::generate(),
-                    project_id: crate::ids::ProjectId::generate(),
-                    input_file_id: crate::ids::FileId::generate(),
-                    endpoint: "/v1/chat/completions".into(),
-                    completion_window: "24h".into(),
-                    metadata: Default::default(),
-                    created_at: 1,
-                    expires_at: 2,
-                    model: None,
-                    output_expires_after: None,
-                    plan: Default::default(),
-                },
-            },
+            crate::k8s::crd::BatchResourceSpec::recorded(crate::batches::BatchSpec {
+                id: crate::ids::BatchId::generate(),
+                project_id: crate::ids::ProjectId::generate(),
+                input_file_id: crate::ids::FileId::generate(),
+                endpoint: "/v1/chat/completions".into(),
+                completion_window: "24h".into(),
+                metadata: Default::default(),
+                created_at: 1,
+                expires_at: 2,
+                model: None,
+                output_expires_after: None,
+                plan: Default::default(),
+            }),
         );
         let mut state = crate::batches::BatchState::in_progress(1, 3);
         state.shard_failures.insert(0, 2);

@@ -22,30 +22,31 @@ pub const ATTEMPT_LABEL: &str = "nightshift.dev/attempt";
 
 /// `<batch>-s<shard>`, and `-r<attempt>` from the first retry on: a retry never waits for
 /// the failed Job's name to be free.
-pub fn job_name(batch: &BatchResource, shard: u32, attempt: u32) -> String {
+pub fn job_name(spec: &BatchSpec, shard: u32, attempt: u32) -> String {
     match attempt {
-        0 => format!("{}-s{shard}", resource_name(&batch.spec.batch.id)),
-        n => format!("{}-s{shard}-r{n}", resource_name(&batch.spec.batch.id)),
+        0 => format!("{}-s{shard}", resource_name(&spec.id)),
+        n => format!("{}-s{shard}-r{n}", resource_name(&spec.id)),
     }
 }
 
-/// The Job that runs `shard` of `batch`: one pod, no Kubernetes credentials, its
-/// shard's line and byte range in its arguments, owned by the Batch (so deleting the
-/// Batch deletes it).
+/// The Job that runs `shard` of `batch` (accepted as `spec`): one pod, no Kubernetes
+/// credentials, its shard's line and byte range in its arguments, owned by the Batch (so
+/// deleting the Batch deletes it).
 pub fn shard_job(
     batch: &BatchResource,
+    spec: &BatchSpec,
     shard: &Shard,
     attempt: u32,
     template: &WorkerTemplate,
     quota_left: Option<u64>,
 ) -> Job {
-    let labels = worker_labels(&batch.spec.batch, shard, attempt, template);
+    let labels = worker_labels(spec, shard, attempt, template);
     let mut job_labels = labels.clone();
     if let Some(queue) = &template.queue_name {
         job_labels.insert(QUEUE_LABEL.to_owned(), queue.clone());
     }
-    let name = job_name(batch, shard.index, attempt);
-    let args = worker_args(&batch.spec.batch, shard, template, quota_left, &name);
+    let name = job_name(spec, shard.index, attempt);
+    let args = worker_args(spec, shard, template, quota_left, &name);
     Job {
         metadata: ObjectMeta {
             name: Some(name),
@@ -217,25 +218,24 @@ mod tests {
     use crate::ids::{BatchId, FileId, ProjectId};
     use crate::k8s::crd::BatchResourceSpec;
 
+    fn batch_spec() -> BatchSpec {
+        BatchSpec {
+            id: BatchId::parse("batch_01ABC").unwrap(),
+            project_id: ProjectId::generate(),
+            input_file_id: FileId::generate(),
+            endpoint: "/v1/chat/completions".into(),
+            completion_window: "24h".into(),
+            metadata: Default::default(),
+            created_at: 1,
+            expires_at: 86_401,
+            model: None,
+            output_expires_after: None,
+            plan: Default::default(),
+        }
+    }
+
     fn batch() -> BatchResource {
-        let mut resource = BatchResource::new(
-            "batch-01abc",
-            BatchResourceSpec {
-                batch: BatchSpec {
-                    id: BatchId::parse("batch_01ABC").unwrap(),
-                    project_id: ProjectId::generate(),
-                    input_file_id: FileId::generate(),
-                    endpoint: "/v1/chat/completions".into(),
-                    completion_window: "24h".into(),
-                    metadata: Default::default(),
-                    created_at: 1,
-                    expires_at: 86_401,
-                    model: None,
-                    output_expires_after: None,
-                    plan: Default::default(),
-                },
-            },
-        );
+        let mut resource = BatchResource::new("batch-01abc", BatchResourceSpec::recorded(batch_spec()));
         resource.metadata.namespace = Some("ns".into());
         resource.metadata.uid = Some("uid-1".into());
         resource.status = Some(BatchState::in_progress(1, 10));
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn a_shard_job_carries_its_range_has_no_credentials_and_is_owned_by_the_batch() {
         let shard = Shard { index: 2, first_request: 10, requests: 5, byte_start: 100, byte_end: 200 };
-        let job = shard_job(&batch(), &shard, 0, &WorkerTemplate::default(), Some(42));
+        let job = shard_job(&batch(), &batch_spec(), &shard, 0, &WorkerTemplate::default(), Some(42));
         assert_eq!(job.metadata.name.as_deref(), Some("batch-01abc-s2"));
         let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("Batch", Some(true)));
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn a_shard_job_is_shaped_by_the_template_for_gpu_clusters_and_kueue() {
         let shard = Shard { index: 0, first_request: 0, requests: 1, byte_start: 0, byte_end: 1 };
-        let plain = shard_job(&batch(), &shard, 0, &WorkerTemplate::default(), None);
+        let plain = shard_job(&batch(), &batch_spec(), &shard, 0, &WorkerTemplate::default(), None);
         let spec = plain.spec.as_ref().unwrap();
         assert_eq!((spec.suspend, spec.ttl_seconds_after_finished, spec.active_deadline_seconds), (None, None, None));
         let labels = plain.metadata.labels.as_ref().unwrap();
@@ -297,7 +297,7 @@ mod tests {
             metrics_port: Some(9090),
             ..WorkerTemplate::default()
         };
-        let job = shard_job(&batch(), &shard, 0, &template, None);
+        let job = shard_job(&batch(), &batch_spec(), &shard, 0, &template, None);
         let spec = job.spec.as_ref().unwrap();
         assert_eq!(spec.suspend, Some(true), "a queued Job waits for Kueue to admit it");
         assert_eq!((spec.ttl_seconds_after_finished, spec.active_deadline_seconds), (Some(3600), Some(7200)));
@@ -316,7 +316,7 @@ mod tests {
         assert_eq!(container.ports.as_ref().unwrap()[0].name.as_deref(), Some("metrics"));
         assert!(container.args.as_ref().unwrap().contains(&"--metrics-listen=0.0.0.0:9090".to_owned()));
         let suspended_only = WorkerTemplate { suspend: true, ..WorkerTemplate::default() };
-        let job = shard_job(&batch(), &shard, 0, &suspended_only, None);
+        let job = shard_job(&batch(), &batch_spec(), &shard, 0, &suspended_only, None);
         assert_eq!(job.spec.unwrap().suspend, Some(true));
     }
 
@@ -326,7 +326,7 @@ mod tests {
 
     fn attempt_of(shard: u32, attempt: u32, conditions: &[(&str, &str)]) -> Job {
         let shard = Shard { index: shard, first_request: 0, requests: 1, byte_start: 0, byte_end: 1 };
-        let mut job = shard_job(&batch(), &shard, attempt, &WorkerTemplate::default(), None);
+        let mut job = shard_job(&batch(), &batch_spec(), &shard, attempt, &WorkerTemplate::default(), None);
         job.status = Some(k8s_openapi::api::batch::v1::JobStatus {
             conditions: Some(
                 conditions

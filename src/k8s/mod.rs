@@ -1,7 +1,9 @@
 //! Nightshift on Kubernetes: the custom resources, the batch store over them, the
 //! project directory, and the controller that runs batches as Jobs.
 
+pub mod accept;
 pub mod admission;
+pub mod applied;
 pub mod capacity;
 pub mod conditions;
 pub mod context;
@@ -11,6 +13,7 @@ pub mod granting;
 pub mod guard;
 pub mod jobs;
 pub mod leader;
+pub mod outputs;
 pub mod projects;
 pub mod rbac;
 pub mod recorded;

@@ -30,7 +30,7 @@ pub fn api_rules() -> Vec<PolicyRule> {
 /// holds its Lease, and records Events.
 pub fn controller_rules() -> Vec<PolicyRule> {
     vec![
-        rule("nightshift.dev", &["batches"], &["get", "list", "watch", "patch", "update"]),
+        rule("nightshift.dev", &["batches"], &["get", "list", "watch", "patch", "update", "delete"]),
         rule("nightshift.dev", &["batches/status"], &["get", "patch"]),
         rule("nightshift.dev", &["batches/finalizers"], &["update"]),
         rule("nightshift.dev", &["projects"], &["get", "list", "watch"]),

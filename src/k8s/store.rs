@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::conditions::kubernetes_status;
-use super::crd::{BatchResource, BatchResourceSpec, PROJECT_LABEL, resource_name};
+use super::crd::{BatchResource, BatchResourceSpec, PROJECT_LABEL, SOURCE_LABEL, resource_name};
 use super::guard::valid_only;
 use crate::batches::{Batch, BatchPage, BatchState, BatchStore, StateChange, Status, StoreError, UpdateError};
 use crate::ids::{BatchId, ProjectId};
@@ -63,15 +63,17 @@ pub async fn apply_status(
     }
 }
 
-/// A Batch resource as the domain's Batch. A resource without status yet (the
-/// instant between create and the first status write) reads as `validating`.
-pub fn to_batch(resource: &BatchResource) -> Batch {
+/// A Batch resource as the domain's Batch: `None` for an applied Batch not accepted yet.
+/// A resource without status yet (the instant between create and the first status
+/// write) reads as `validating`.
+pub fn to_batch(resource: &BatchResource) -> Option<Batch> {
+    let spec = resource.accepted()?.clone();
     let state = resource.status.clone().unwrap_or_else(|| BatchState::failed(0, Vec::new()));
     let state = match resource.status {
         Some(_) => state,
         None => BatchState { status: Status::Validating, failed_at: None, ..state },
     };
-    Batch { spec: resource.spec.batch.clone(), state }
+    Some(Batch { spec, state })
 }
 
 impl KubeBatchStore {
@@ -105,18 +107,29 @@ impl KubeBatchStore {
     }
 
     fn owned_by(resource: &BatchResource, project: &ProjectId) -> bool {
-        resource.spec.batch.project_id == *project
+        resource.accepted().is_some_and(|spec| spec.project_id == *project)
+    }
+
+    /// The name of the resource that holds batch `id`: its id's spelling for a batch made
+    /// through the API, the user's name for an applied one (found in the cache).
+    fn name_of(&self, id: &BatchId) -> String {
+        let name = resource_name(id);
+        if self.cache.get(&ObjectRef::new(&name).within(&self.namespace)).is_some() {
+            return name;
+        }
+        let applied = self.cache.find(|r| r.accepted().is_some_and(|spec| spec.id == *id));
+        applied.map(|r| r.name_any()).unwrap_or(name)
     }
 
     async fn fetch(&self, project: &ProjectId, id: &BatchId) -> Result<Option<BatchResource>, StoreError> {
-        let name = resource_name(id);
+        let name = self.name_of(id);
         let cached = self.cache.get(&ObjectRef::new(&name).within(&self.namespace));
         let resource = match cached {
             Some(resource) => Some(Arc::unwrap_or_clone(resource)),
             // Not in the cache yet (just created): ask the API server.
             None => self.api.get_opt(&name).await.map_err(backend)?,
         };
-        Ok(resource.filter(|r| Self::owned_by(r, project) && r.spec.batch.id == *id))
+        Ok(resource.filter(|r| Self::owned_by(r, project) && r.accepted().is_some_and(|spec| spec.id == *id)))
     }
 }
 
@@ -128,10 +141,16 @@ impl BatchStore for KubeBatchStore {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(self.namespace.clone()),
-                labels: Some([(PROJECT_LABEL.to_owned(), batch.spec.project_id.to_string())].into()),
+                labels: Some(
+                    [
+                        (PROJECT_LABEL.to_owned(), batch.spec.project_id.to_string()),
+                        (SOURCE_LABEL.to_owned(), "api".to_owned()),
+                    ]
+                    .into(),
+                ),
                 ..ObjectMeta::default()
             },
-            spec: BatchResourceSpec { batch: batch.spec.clone() },
+            spec: BatchResourceSpec::recorded(batch.spec.clone()),
             status: None,
         };
         let mut current = self.api.create(&PostParams::default(), &resource).await.map_err(backend)?;
@@ -152,7 +171,7 @@ impl BatchStore for KubeBatchStore {
     }
 
     async fn get(&self, project: &ProjectId, id: &BatchId) -> Result<Option<Batch>, StoreError> {
-        Ok(self.fetch(project, id).await?.as_ref().map(to_batch))
+        Ok(self.fetch(project, id).await?.as_ref().and_then(to_batch))
     }
 
     async fn list(&self, project: &ProjectId, after: Option<&BatchId>, limit: usize) -> Result<BatchPage, StoreError> {
@@ -161,8 +180,8 @@ impl BatchStore for KubeBatchStore {
             .state()
             .iter()
             .filter(|r| Self::owned_by(r, project))
-            .filter(|r| after.is_none_or(|after| r.spec.batch.id < *after))
-            .map(|r| to_batch(r))
+            .filter_map(|r| to_batch(r))
+            .filter(|b| after.is_none_or(|after| b.spec.id < *after))
             .collect();
         batches.sort_by(|a, b| b.spec.id.cmp(&a.spec.id));
         let has_more = batches.len() > limit;
@@ -171,14 +190,14 @@ impl BatchStore for KubeBatchStore {
     }
 
     async fn update(&self, project: &ProjectId, id: &BatchId, change: StateChange<'_>) -> Result<Batch, UpdateError> {
-        let name = resource_name(id);
+        let name = self.name_of(id);
         loop {
             // Fresh from the API server: its resourceVersion makes the write a compare-and-swap.
             let resource = self.api.get_opt(&name).await.map_err(backend)?.ok_or(UpdateError::NotFound)?;
-            if !Self::owned_by(&resource, project) {
+            let Some(mut batch) = to_batch(&resource).filter(|b| b.spec.project_id == *project && b.spec.id == *id)
+            else {
                 return Err(UpdateError::NotFound);
-            }
-            let mut batch = to_batch(&resource);
+            };
             if !change(&mut batch.state)? {
                 return Ok(batch);
             }

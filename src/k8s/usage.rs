@@ -33,13 +33,13 @@ pub async fn sync_project_usage(ctx: Arc<Context>, batches: Store<BatchResource>
         let unfinished: HashSet<String> = all
             .iter()
             .filter(|b| b.status.as_ref().is_some_and(|s| !s.status.is_terminal()))
-            .map(|b| b.spec.batch.id.to_string())
+            .filter_map(|b| Some(b.accepted()?.id.to_string()))
             .collect();
         ctx.recorded.keep_only(&unfinished);
         for project in ctx.projects.state() {
             let used: u64 = all
                 .iter()
-                .filter(|b| b.spec.batch.project_id == project.spec.id)
+                .filter(|b| b.accepted().is_some_and(|spec| spec.project_id == project.spec.id))
                 .filter_map(|b| b.status.as_ref())
                 .map(|s| s.usage.total_tokens)
                 .sum();

@@ -175,5 +175,9 @@ pub fn finalize_failing(state: &BatchState, cause: &str) -> BatchState {
     state
 }
 
-#[cfg(test)]
-mod tests;
+/// How long a finished batch's resource still lives under `ttlSecondsAfterFinished`
+/// (as a Job's): `None` once it is due for deletion.
+pub fn time_to_live(finished_at: UnixSeconds, ttl: i64, now: UnixSeconds) -> Option<std::time::Duration> {
+    let due = finished_at.saturating_add(ttl.max(0));
+    (now < due).then(|| std::time::Duration::from_secs((due - now) as u64))
+}

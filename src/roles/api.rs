@@ -85,7 +85,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             let unfinished = batches.cache().state();
             unfinished
                 .iter()
-                .map(|resource| to_batch(resource))
+                .filter_map(|resource| to_batch(resource))
                 .filter(|batch| !batch.state.status.is_terminal())
                 .map(|batch| batch.spec.input_file_id)
                 .collect()

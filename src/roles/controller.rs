@@ -100,6 +100,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         workloads: crate::k8s::capacity::Workloads::of(
             config.upstreams.iter().filter(|u| u.scale.is_some()).map(|u| u.name.as_str()),
         ),
+        batch_settings: config.batches.batch_settings(),
+        buckets: crate::storage::buckets::Buckets::new(super::s3_settings(&config.storage)?),
     });
     let limits = upstream_limits(&config.upstreams);
     let scaled = Scaled::of(&config.upstreams, &ctx.namespace);

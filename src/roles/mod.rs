@@ -36,26 +36,33 @@ pub async fn serve_metrics(address: Option<std::net::SocketAddr>) -> anyhow::Res
     Ok(())
 }
 
+/// The S3 storage's settings, with its static keys read from the environment; `None`
+/// when storage is a directory.
+pub fn s3_settings(config: &StorageConfig) -> anyhow::Result<Option<S3Settings>> {
+    let Some(s3) = &config.s3 else { return Ok(None) };
+    let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
+    let keys = match (&s3.access_key_id_env, &s3.secret_access_key_env) {
+        (Some(id), Some(secret)) => {
+            Some(StaticKeys { access_key_id: env(id)?, secret_access_key: env(secret)?, session_token: None })
+        }
+        (None, None) => None,
+        _ => anyhow::bail!("storage.s3: set both access_key_id_env and secret_access_key_env, or neither"),
+    };
+    Ok(Some(S3Settings {
+        bucket: s3.bucket.clone(),
+        endpoint: s3.endpoint.clone(),
+        region: s3.region.clone(),
+        prefix: s3.prefix.clone(),
+        path_style: s3.path_style,
+        keys,
+        timeout: s3.timeout,
+    }))
+}
+
 /// The object store the configuration names.
 pub async fn open_store(config: &StorageConfig) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    if let Some(s3) = &config.s3 {
-        let env = |name: &str| std::env::var(name).with_context(|| format!("S3 credentials: ${name} is not set"));
-        let keys = match (&s3.access_key_id_env, &s3.secret_access_key_env) {
-            (Some(id), Some(secret)) => {
-                Some(StaticKeys { access_key_id: env(id)?, secret_access_key: env(secret)?, session_token: None })
-            }
-            (None, None) => None,
-            _ => anyhow::bail!("storage.s3: set both access_key_id_env and secret_access_key_env, or neither"),
-        };
-        return Ok(Arc::new(S3Store::new(S3Settings {
-            bucket: s3.bucket.clone(),
-            endpoint: s3.endpoint.clone(),
-            region: s3.region.clone(),
-            prefix: s3.prefix.clone(),
-            path_style: s3.path_style,
-            keys,
-            timeout: s3.timeout,
-        })));
+    if let Some(settings) = s3_settings(config)? {
+        return Ok(Arc::new(S3Store::new(settings)));
     }
     let dir = config.dir.as_ref().context("storage needs `dir` or `s3`")?;
     let store = DirStore::open(dir).await.with_context(|| format!("cannot use {} for storage", dir.display()))?;

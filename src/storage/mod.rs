@@ -5,6 +5,7 @@
 //! [`ObjectWriter`] that publishes the object only on [`ObjectWriter::finish`], so a
 //! failed or abandoned write never leaves a half-written object behind.
 
+pub mod buckets;
 pub mod credentials;
 
 /// A writer that has not written for this long was abandoned (its process died): uploads
@@ -19,6 +20,7 @@ mod key;
 pub mod newest_first;
 mod paging;
 mod s3;
+pub mod uri;
 
 use std::ops::Range;
 

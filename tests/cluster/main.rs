@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod applied;
 mod capacity;
 mod chart;
 mod cluster_harness;

@@ -124,3 +124,14 @@ fn a_batch_whose_first_status_was_lost_is_rebuilt_from_its_plan() {
     assert_eq!(state.errors[0].code, VALIDATION_INTERRUPTED);
     assert!(state.errors[0].message.contains("create the batch again"), "{}", state.errors[0].message);
 }
+
+#[test]
+fn a_finished_batch_lives_its_ttl_then_is_due() {
+    use std::time::Duration;
+    assert_eq!(time_to_live(1_000, 60, 1_000), Some(Duration::from_secs(60)));
+    assert_eq!(time_to_live(1_000, 60, 1_059), Some(Duration::from_secs(1)));
+    assert_eq!(time_to_live(1_000, 60, 1_060), None);
+    assert_eq!(time_to_live(1_000, 0, 1_000), None, "0: deleted as soon as it finished");
+    assert_eq!(time_to_live(1_000, -5, 990), Some(Duration::from_secs(10)), "a negative ttl counts as 0");
+    assert!(time_to_live(1_000, i64::MAX, 2_000).is_some(), "no overflow");
+}
