@@ -303,15 +303,8 @@ async fn drive_pass(resource: &BatchResource, ctx: &Context) -> Result<Action, C
     })
 }
 
-/// A finished Batch: its files go to its output location (an applied Batch that names
-/// one), and it is deleted once `ttlSecondsAfterFinished` passed.
+/// A finished Batch is deleted once its `ttlSecondsAfterFinished` passed.
 async fn after_finish(resource: &BatchResource, finished_at: i64, ctx: &Context) -> Result<Action, ControllerError> {
-    if let (Some(spec), Some(state)) = (resource.accepted(), resource.status.as_ref())
-        && super::outputs::undelivered(resource, state)
-    {
-        super::outputs::deliver(resource, spec, state, ctx).await?;
-        return Ok(Action::requeue(Duration::ZERO));
-    }
     let Some(ttl) = resource.spec.ttl_seconds_after_finished else {
         return Ok(Action::await_change());
     };
@@ -449,12 +442,16 @@ impl Runtime for KubeRuntime<'_> {
         self.stop(batch, shard).await
     }
 
-    async fn save(&self, _read: &Batch, state: BatchState) -> Result<Option<Batch>, ControllerError> {
+    /// Writes `state`; a state that ends an applied Batch naming an output location is
+    /// written with its files copied there.
+    async fn save(&self, read: &Batch, state: BatchState) -> Result<Option<Batch>, ControllerError> {
         let resource = self.resource();
+        let state = super::outputs::deliver(&resource, &read.spec, state, self.ctx).await?;
         match write_status(&resource, &state, self.ctx).await? {
             Some(written) => {
                 let batch = to_batch(&written);
                 *self.resource.lock().expect("resource") = Arc::new(written);
+                super::outputs::delivered(&resource, &read.spec, &read.state, &state, self.ctx).await?;
                 Ok(batch)
             }
             None => Ok(None),
@@ -554,10 +551,6 @@ async fn cleanup(resource: &BatchResource, ctx: &Context) -> Result<Action, Cont
         }
         drive_pass(resource, ctx).await?;
         return Err(ControllerError::Waiting("the deleted batch's cancel to finish"));
-    }
-    if let Some(state) = resource.status.as_ref().filter(|state| super::outputs::undelivered(resource, state)) {
-        super::outputs::deliver(resource, spec, state, ctx).await?;
-        return Err(ControllerError::Waiting("the output to be recorded"));
     }
     let name = resource_name(&spec.id);
     let jobs: Vec<Arc<Job>> =

@@ -7,68 +7,80 @@ use futures_util::StreamExt;
 use kube::runtime::events::EventType;
 
 use super::applied::output_uris;
-use super::context::{Context, FIELD_MANAGER};
+use super::context::Context;
 use super::controller::ControllerError;
 use super::crd::BatchResource;
-use super::store::apply_status;
 use crate::batches::{BatchSpec, BatchState};
 use crate::ids::FileId;
 use crate::storage::uri::S3Uri;
 use crate::storage::{ObjectStore, StorageError};
 
-/// Whether `state` has files not copied yet to an output location.
-pub fn undelivered(resource: &BatchResource, state: &BatchState) -> bool {
+/// Whether `state` is the end of a Batch whose files are to be copied and are not yet.
+fn to_copy(resource: &BatchResource, state: &BatchState) -> bool {
     let wanted = resource.spec.request.as_ref().is_some_and(|r| r.output.is_some());
+    let copied = state.output_uri.is_some() || state.error_uri.is_some();
     let has_files = state.output_file_id.is_some() || state.error_file_id.is_some();
-    wanted
-        && state.status.is_terminal()
-        && has_files
-        && (state.output_uri.is_some() != state.output_file_id.is_some()
-            || state.error_uri.is_some() != state.error_file_id.is_some())
+    wanted && state.status.is_terminal() && has_files && !copied
 }
 
-/// Copies the files of a finished batch to its output location and records where.
+/// Copies the files of a batch about to be written as finished to its output location:
+/// `state` with where they landed, to be written in the same status (so that a `kubectl
+/// wait` for the end finds them there). Unchanged for a Batch that names no output, or a
+/// state that does not end it. A location that cannot be written (a bucket this
+/// installation cannot reach) is a Warning Event, and the batch ends without the copy.
 pub async fn deliver(
     resource: &BatchResource,
     spec: &BatchSpec,
-    state: &BatchState,
+    mut state: BatchState,
     ctx: &Context,
-) -> Result<(), ControllerError> {
-    let Some(output) = resource.spec.request.as_ref().and_then(|r| r.output.as_ref()) else {
-        return Ok(());
+) -> Result<BatchState, ControllerError> {
+    let output = resource.spec.request.as_ref().and_then(|r| r.output.as_ref());
+    let (Some(output), true) = (output, to_copy(resource, &state)) else {
+        return Ok(state);
     };
-    let prefix = match S3Uri::prefix(&output.uri) {
-        Ok(prefix) => prefix,
+    let target = S3Uri::prefix(&output.uri).map_err(|e| e.to_string());
+    let bucket = target.and_then(|prefix| Ok((ctx.buckets.bucket(&prefix.bucket).map_err(|e| e.to_string())?, prefix)));
+    let (bucket, prefix) = match bucket {
+        Ok(found) => found,
         Err(error) => {
-            ctx.event(resource, EventType::Warning, "OutputNotWritten", error.to_string()).await;
-            return Ok(());
-        }
-    };
-    let bucket = match ctx.buckets.bucket(&prefix.bucket) {
-        Ok(bucket) => bucket,
-        Err(error) => {
-            ctx.event(resource, EventType::Warning, "OutputNotWritten", error.to_string()).await;
-            return Ok(());
+            ctx.event(resource, EventType::Warning, "OutputNotWritten", error).await;
+            return Ok(state);
         }
     };
     let (output_uri, error_uri) = output_uris(&prefix, spec.id.as_str());
-    let mut delivered = state.clone();
     if let Some(file) = &state.output_file_id {
         copy(ctx, spec, file, bucket.as_ref(), &output_uri).await?;
-        delivered.output_uri = Some(output_uri.to_string());
+        state.output_uri = Some(output_uri.to_string());
     }
     if let Some(file) = &state.error_file_id {
         copy(ctx, spec, file, bucket.as_ref(), &error_uri).await?;
-        delivered.error_uri = Some(error_uri.to_string());
+        state.error_uri = Some(error_uri.to_string());
     }
-    if apply_status(&ctx.batches(), FIELD_MANAGER, resource, &delivered).await?.is_none() {
-        // Changed meanwhile: the next pass copies again (the same bytes to the same keys).
+    Ok(state)
+}
+
+/// Once the state [`deliver`] returned is written: an Event saying where the files are,
+/// and, with `keep_files: false`, the files leave the Files API.
+pub async fn delivered(
+    resource: &BatchResource,
+    spec: &BatchSpec,
+    before: &BatchState,
+    after: &BatchState,
+    ctx: &Context,
+) -> Result<(), ControllerError> {
+    let newly = |was: &Option<String>, now: &Option<String>| if was.is_none() { now.clone() } else { None };
+    let written: Vec<String> =
+        [newly(&before.output_uri, &after.output_uri), newly(&before.error_uri, &after.error_uri)]
+            .into_iter()
+            .flatten()
+            .collect();
+    if written.is_empty() {
         return Ok(());
     }
-    let written: Vec<String> = [&delivered.output_uri, &delivered.error_uri].into_iter().flatten().cloned().collect();
     ctx.event(resource, EventType::Normal, "OutputWritten", written.join(", ")).await;
-    if !output.keep_files {
-        for file in [&state.output_file_id, &state.error_file_id].into_iter().flatten() {
+    let keep = resource.spec.request.as_ref().and_then(|r| r.output.as_ref()).is_none_or(|o| o.keep_files);
+    if !keep {
+        for file in [&after.output_file_id, &after.error_file_id].into_iter().flatten() {
             ctx.exec.files.delete(&spec.project_id, file.as_str()).await?;
         }
     }

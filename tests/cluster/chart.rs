@@ -561,6 +561,7 @@ NO_SCHEMA = {
     ("nightshift.dev/v1alpha1", "Project"),
 }
 version = sys.argv[1]
+CRD_VERSION = "1.28.0"
 result = {"validated": [], "skipped": [], "failures": []}
 for path in sys.argv[2:]:
     with open(path) as f:
@@ -571,8 +572,11 @@ for path in sys.argv[2:]:
             if (doc["apiVersion"], doc["kind"]) in NO_SCHEMA:
                 result["skipped"].append(what)
                 continue
+            # A CRD's validation rules are fields 1.20 does not know (its API server
+            # drops them): CRDs are checked against a schema that has them.
+            against = CRD_VERSION if doc["kind"] == "CustomResourceDefinition" else version
             try:
-                kubernetes_validate.validate(doc, version, strict=True)
+                kubernetes_validate.validate(doc, against, strict=True)
                 result["validated"].append(what)
             except ValidationError as e:
                 where = ".".join(str(p) for p in e.path)
@@ -716,8 +720,10 @@ async fn create_secret(cluster: &TestCluster, name: &str, data: &[(&str, String)
 }
 
 /// Installs the chart's CRDs from its crds/ directory and waits until they are served.
+/// Kubernetes 1.20 predates CRD validation rules: kubectl's own check would refuse their
+/// fields, and the API server drops them (as docs/src/applied-batches.md tells users).
 fn install_crds(cluster: &TestCluster) {
-    kubectl(cluster, &["apply", "-f", &format!("{CHART}/crds/")]);
+    kubectl(cluster, &["apply", "--validate=false", "-f", &format!("{CHART}/crds/")]);
     kubectl(
         cluster,
         &[

@@ -10,3 +10,4 @@ mod chart;
 mod cluster_harness;
 mod night_shift;
 mod operator;
+mod rules;

@@ -491,12 +491,15 @@ async fn a_batch_runs_end_to_end_as_sharded_jobs_under_least_privilege() {
         assert_eq!(pod.automount_service_account_token, Some(false));
     }
 
-    // `kubectl get batches` shows status, counts, the ETA (none once done) and age.
+    // `kubectl get batches` shows status, counts, the ETA (none once done), where the
+    // batch came from and age.
     let table = operator.kubectl(&["get", "batches", "-n", NS]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "STATUS", "PROGRESS", "COMPLETED", "FAILED", "TOTAL", "ETA", "AGE"], "{table}");
+    let columns = ["NAME", "STATUS", "PROGRESS", "COMPLETED", "FAILED", "TOTAL", "ETA", "SOURCE", "AGE"];
+    assert_eq!(header, columns, "{table}");
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(&row[1..6], ["completed", "100%", "20", "0", "20"], "{table}");
+    assert_eq!(row[6], "api", "{table}");
     assert_eq!(row.len(), header.len() - 1, "a finished batch has no ETA: {table}");
     let short = operator.kubectl(&["get", "nsb", "-n", NS, "-o", "name"]);
     assert!(short.starts_with("batch.nightshift.dev/batch-"), "{short}");

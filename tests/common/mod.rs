@@ -2,6 +2,7 @@
 //! storage per test, and an in-process router with a known project.
 #![allow(dead_code)]
 
+pub mod apiextensions;
 pub mod client;
 pub mod cluster;
 pub mod committed;

@@ -29,8 +29,12 @@ if [ -z "${ETCD:-}" ] && [ -f "$CACHE_ROOT/kube/env.sh" ]; then
 fi
 APISERVER="${APIEXTENSIONS_APISERVER:-}"
 ETCD="${ETCD:-$(command -v etcd || true)}"
-[ -n "$APISERVER" ] && [ -x "$APISERVER" ] || die "no apiextensions-apiserver: run tests/tools/install-apiextensions.sh"
-[ -n "$ETCD" ] && [ -x "$ETCD" ] || die "no etcd: run tests/tools/install-kube.sh"
+if [ -z "$APISERVER" ] || [ ! -x "$APISERVER" ]; then
+    die "no apiextensions-apiserver: run tests/tools/install-apiextensions.sh"
+fi
+if [ -z "$ETCD" ] || [ ! -x "$ETCD" ]; then
+    die "no etcd: run tests/tools/install-kube.sh"
+fi
 for tool in openssl curl python3; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
@@ -220,6 +224,8 @@ start_apiserver() {
     # Admission: NamespaceLifecycle needs the core API's namespaces (absent here: namespaces are
     # not checked at all) and the webhook/policy plugins need core informers; all are disabled.
     # Priority-and-fairness would need the flowcontrol API: disabled.
+    local ADMISSION_OFF="NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook"
+    ADMISSION_OFF+=",MutatingAdmissionPolicy,ValidatingAdmissionPolicy"
     APISERVER_ARGS=(
         --etcd-servers "http://127.0.0.1:$ETCD_PORT"
         --kubeconfig "$WORK/kubeconfig"
@@ -229,10 +235,8 @@ start_apiserver() {
         --tls-cert-file "$d/server.crt" --tls-private-key-file "$d/server.key"
         --client-ca-file "$d/ca.crt"
         --authentication-skip-lookup
-        --disable-admission-plugins
-        NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,MutatingAdmissionPolicy,ValidatingAdmissionPolicy
+        --disable-admission-plugins "$ADMISSION_OFF"
         --enable-priority-and-fairness=false
-        --cert-dir "$WORK/cert-dir"
     )
     log "starting: $APISERVER ${APISERVER_ARGS[*]}"
     local t0
@@ -241,7 +245,7 @@ start_apiserver() {
     APISERVER_PID=$!
     ready() {
         kill -0 "$APISERVER_PID" 2>/dev/null || die "apiextensions-apiserver exited"
-        [ "$(api GET "$READYZ")" = 200 ]
+        [ "$(api GET "$READYZ" 2>/dev/null)" = 200 ]
     }
     wait_for "apiextensions-apiserver $READYZ 200" 60 ready
     log "server up $(ms_since "$t0") ms after start"
@@ -343,6 +347,16 @@ run_checks() {
     expect 422 PATCH "$CRS/ssa" application/merge-patch+json '{"spec":{"ports":[{"name":"a"},{"name":"a"}]}}'
     resp_has "Duplicate value"
     log "server-side apply and list/map types: ok"
+
+    # Namespaces are not checked (no core API, NamespaceLifecycle off): any name works.
+    expect 201 POST "/apis/$GROUP/v1/namespaces/no-such-namespace/widgets" application/json "$(widget anywhere a 1)"
+
+    # Deleting the CRD removes its custom resources (the CRD finalizer) and stops serving them.
+    t0="$(date +%s%3N)"
+    expect 200 DELETE /apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.nightshift.dev
+    crd_gone() { [ "$(api GET /apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.nightshift.dev)" = 404 ]; }
+    wait_for "CRD widgets deleted (with its 4 widgets)" 30 crd_gone
+    expect 404 GET "$CRS"
 
     # The project's own CRDs: accepted (schemas, CEL cost limits) and Established.
     local crds="$REPO/crds/nightshift.yaml"

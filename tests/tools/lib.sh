@@ -1,4 +1,5 @@
-# Shell helpers shared by the test-tool installers (install-kube.sh, install-node.sh).
+# Shell helpers shared by the test-tool scripts (install-kube.sh, install-node.sh,
+# install-apiextensions.sh, apiextensions-smoke.sh).
 # Source it after setting LOG_TAG (the prefix of every message).
 # shellcheck shell=bash
 
