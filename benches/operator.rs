@@ -313,7 +313,7 @@ fn batch_resource(project: &ProjectId, created_at: i64) -> BatchResource {
             shards: vec![Shard { index: 0, first_request: 0, requests: 10, byte_start: 0, byte_end: 1000 }],
         },
     };
-    let mut resource = BatchResource::new(&resource_name(&spec.id), BatchResourceSpec { batch: spec });
+    let mut resource = BatchResource::new(&resource_name(&spec.id), BatchResourceSpec::recorded(spec));
     resource.metadata.labels = Some([(PROJECT_LABEL.to_owned(), project.to_string())].into());
     resource
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
 
 use super::api::namespace;
 use super::open_store;
@@ -17,6 +19,7 @@ use crate::exec::{ExecContext, ExecSettings};
 use crate::files::FileCatalog;
 use crate::k8s::context::Context;
 use crate::k8s::controller::{self, check_crds, reporter};
+use crate::k8s::crd::{BatchResource, ProjectResource};
 use crate::k8s::granting::{UpstreamLimit, divide_limits};
 use crate::k8s::leader::{LeaderElection, Timing};
 use crate::k8s::scaling::{Scaled, scale_workloads};
@@ -80,14 +83,39 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let deliverer = crate::webhooks::Deliverer::new(exec.store.clone(), directory, config.webhooks.clone());
     let caches = controller::caches(&client, &namespace);
     let (batches, jobs) = (caches.batches.clone(), caches.jobs.clone());
-    let ctx = Arc::new(Context {
-        client: client.clone(),
+    let recorder = Recorder::new(client.clone(), reporter(&identity));
+    let ctx = Arc::new(context(&config, client, namespace, exec, recorder, (batches.clone(), jobs, projects))?);
+    let limits = upstream_limits(&config.upstreams);
+    let scaled = Scaled::of(&config.upstreams, &ctx.namespace);
+    tokio::select! {
+        () = controller::run(ctx.clone(), caches) => Ok(()),
+        () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
+        () = scale_workloads(ctx.clone(), batches.clone(), scaled) => Ok(()),
+        () = divide_limits(ctx, batches, limits) => Ok(()),
+        () = deliverer.run(Duration::from_secs(1)) => Ok(()),
+        // Returning ends the process: every task of this leader stops with it.
+        () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
+    }
+}
+
+/// What the controller's loops share, from the configuration and the watch caches
+/// (Batches, Jobs, Projects).
+fn context(
+    config: &Config,
+    client: kube::Client,
+    namespace: String,
+    exec: ExecContext,
+    recorder: Recorder,
+    (batches, jobs, projects): (Store<BatchResource>, Store<Job>, Store<ProjectResource>),
+) -> anyhow::Result<Context> {
+    Ok(Context {
+        client,
         namespace,
         exec: Arc::new(exec),
         worker: config.kubernetes.worker.clone(),
-        recorder: Recorder::new(client, reporter(&identity)),
+        recorder,
         jobs,
-        batch_cache: batches.clone(),
+        batch_cache: batches,
         projects,
         scheduling: config.batches.scheduling,
         statusless: Default::default(),
@@ -102,18 +130,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         ),
         batch_settings: config.batches.batch_settings(),
         buckets: crate::storage::buckets::Buckets::new(super::s3_settings(&config.storage)?),
-    });
-    let limits = upstream_limits(&config.upstreams);
-    let scaled = Scaled::of(&config.upstreams, &ctx.namespace);
-    tokio::select! {
-        () = controller::run(ctx.clone(), caches) => Ok(()),
-        () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
-        () = scale_workloads(ctx.clone(), batches.clone(), scaled) => Ok(()),
-        () = divide_limits(ctx, batches, limits) => Ok(()),
-        () = deliverer.run(Duration::from_secs(1)) => Ok(()),
-        // Returning ends the process: every task of this leader stops with it.
-        () = leader.hold(acquired) => anyhow::bail!("lost the leader Lease; exiting so that a new leader takes over"),
-    }
+    })
 }
 
 /// Each upstream as the controller divides its limit.
