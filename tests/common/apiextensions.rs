@@ -16,30 +16,7 @@ use tempfile::TempDir;
 use super::cluster::{client_from_kubeconfig, tool};
 use super::process::Process;
 
-const OPENSSL_CNF: &str = "\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign,digitalSignature
-subjectKeyIdentifier = hash
-[server_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-";
+const OPENSSL_CNF: &str = include_str!("../tools/apiextensions-openssl.cnf");
 
 fn openssl(dir: &Path, args: &[&str]) {
     let output = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl runs");

@@ -80,30 +80,7 @@ ms_since() { echo $(($(date +%s%3N) - $1)); }
 make_certs() {
     local d="$WORK/pki"
     mkdir -p "$d"
-    cat >"$d/openssl.cnf" <<'EOF'
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign,digitalSignature
-subjectKeyIdentifier = hash
-[server_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-EOF
+    cp "$(dirname "${BASH_SOURCE[0]}")/apiextensions-openssl.cnf" "$d/openssl.cnf"
     local name
     for name in ca server client; do
         openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$d/$name.key" 2>/dev/null
