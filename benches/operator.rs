@@ -308,6 +308,7 @@ fn batch_resource(project: &ProjectId, created_at: i64) -> BatchResource {
         expires_at: created_at + 86_400,
         model: None,
         output_expires_after: None,
+        priority: None,
         plan: ShardPlan {
             shard_lines: 5000,
             shards: vec![Shard { index: 0, first_request: 0, requests: 10, byte_start: 0, byte_end: 1000 }],

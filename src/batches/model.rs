@@ -61,6 +61,10 @@ pub struct BatchSpec {
     /// `None`: the files' retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_expires_after: Option<u64>,
+    /// Set as `priority` on the batch's lines, over its upstream's (vLLM's priority
+    /// scheduling: lower runs first). An applied Batch's `spec.priority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     /// Empty for a batch whose validation failed.
     #[serde(default)]
     pub plan: ShardPlan,
@@ -82,6 +86,7 @@ impl BatchSpec {
             expires_at,
             model: None,
             output_expires_after: None,
+            priority: None,
             plan,
         }
     }

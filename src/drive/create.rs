@@ -81,6 +81,7 @@ pub async fn decide_batch(
         expires_at: created_at + settings.completion_window.as_secs() as i64,
         model: None,
         output_expires_after: request.output_expires_after.map(|after| after.seconds),
+        priority: None,
         plan: Default::default(),
     };
 

@@ -74,10 +74,17 @@ pub(super) fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> 
     LineOutcome::Success { status, request_id, body, usage }
 }
 
-/// Sends `body` to `upstream`, retrying 429s, 5xx, timeouts and connection errors
-/// up to [`ATTEMPTS`] attempts in all; counts what became of it for the adaptive limit.
-pub async fn call_upstream(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> LineOutcome {
-    let body = match upstream.priority {
+/// Sends `body` to `upstream`, with the batch's `priority` (else the upstream's),
+/// retrying 429s, 5xx, timeouts and connection errors up to [`ATTEMPTS`] attempts in
+/// all; counts what became of it for the adaptive limit.
+pub async fn call_upstream(
+    client: &reqwest::Client,
+    upstream: &Upstream,
+    endpoint: &str,
+    body: Bytes,
+    priority: Option<i64>,
+) -> LineOutcome {
+    let body = match priority.or(upstream.priority) {
         Some(priority) => with_priority(&body, priority),
         None => body,
     };

@@ -533,7 +533,8 @@ fn launch<'a>(
     in_flight.push(Box::pin(async move {
         let outcome = match request.upstream {
             Some(position) => {
-                call_upstream(&ctx.client, ctx.upstreams.get(position), &spec.endpoint, request.body).await
+                let upstream = ctx.upstreams.get(position);
+                call_upstream(&ctx.client, upstream, &spec.endpoint, request.body, spec.priority).await
             }
             None => echo(&spec.endpoint, &request.body),
         };

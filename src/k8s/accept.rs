@@ -97,7 +97,7 @@ pub async fn accept(resource: &BatchResource, ctx: &Context) -> Result<Action, C
         Ok(decided) => decided,
         Err(error) => return refuse(&resource, ctx, refused(error)?).await,
     };
-    record(&resource, ctx, decided).await
+    record(&resource, ctx, decided, request.priority).await
 }
 
 /// Writes `validating` as the status of a Batch that has none (its progress is then
@@ -155,11 +155,17 @@ async fn import(ctx: &Context, project: &ProjectId, uri: &S3Uri) -> Result<Resul
 
 /// Records the batch a validation pass decided on the Batch: the record into `spec`
 /// (labelled with its project and source), then its status.
-async fn record(resource: &BatchResource, ctx: &Context, decided: Decided) -> Result<Action, ControllerError> {
-    let (batch, invalid) = match decided {
+async fn record(
+    resource: &BatchResource,
+    ctx: &Context,
+    decided: Decided,
+    priority: Option<i64>,
+) -> Result<Action, ControllerError> {
+    let (mut batch, invalid) = match decided {
         Decided::Valid(batch) => (batch, None),
         Decided::Invalid { batch, error } => (batch, Some(error)),
     };
+    batch.spec.priority = priority;
     if invalid.is_some() {
         announce_refusal(&ctx.exec.files, &batch).await.map_err(|error| match error {
             CreateError::Storage(error) => ControllerError::Storage(error),

@@ -147,6 +147,7 @@ mod tests {
             expires_at: created_at + 86_400,
             model: None,
             output_expires_after: None,
+            priority: None,
             plan: ShardPlan { shard_lines: 10, shards: (0..shards).map(shard).collect() },
         };
         let mut resource = BatchResource::new(&name, BatchResourceSpec::recorded(spec));

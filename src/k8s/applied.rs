@@ -54,6 +54,8 @@ pub struct BatchRequest {
     pub endpoint: String,
     pub completion_window: Option<String>,
     pub metadata: Map<String, Value>,
+    /// The `priority` set on the batch's lines, over its upstream's.
+    pub priority: Option<i64>,
 }
 
 /// Where an applied input comes from, once checked.
@@ -142,6 +144,7 @@ mod tests {
             endpoint: "/v1/chat/completions".into(),
             completion_window: None,
             metadata: Map::new(),
+            priority: None,
         }
     }
 

@@ -65,6 +65,7 @@ mod tests {
                 expires_at: 2,
                 model: None,
                 output_expires_after: None,
+                priority: None,
                 plan: Default::default(),
             }),
         );

@@ -114,6 +114,9 @@ fn worker_args(
     if let Some(left) = quota_left {
         args.push(format!("--quota-tokens-left={left}"));
     }
+    if let Some(priority) = spec.priority {
+        args.push(format!("--priority={priority}"));
+    }
     args.push(format!("--grant-name={job}"));
     if let Some(port) = template.metrics_port {
         args.push(format!("--metrics-listen=0.0.0.0:{port}"));
@@ -230,6 +233,7 @@ mod tests {
             expires_at: 86_401,
             model: None,
             output_expires_after: None,
+            priority: None,
             plan: Default::default(),
         }
     }
@@ -265,8 +269,13 @@ mod tests {
         ] {
             assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
         }
+        assert!(!args.iter().any(|a| a.starts_with("--priority")), "none set: the upstream's");
         assert_eq!(job_shard(&job), Some(2));
         assert_eq!(job_phase(&job), WorkerPhase::Running);
+        let urgent = BatchSpec { priority: Some(-2), ..batch_spec() };
+        let job = shard_job(&batch(), &urgent, &shard, 0, &WorkerTemplate::default(), None);
+        let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+        assert!(args.iter().any(|a| a == "--priority=-2"), "{args:?}");
     }
 
     #[test]

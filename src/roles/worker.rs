@@ -63,6 +63,9 @@ pub struct WorkerArgs {
     /// grants it. Without it, the worker may use each upstream's whole `max_concurrency`.
     #[arg(long)]
     pub grant_name: Option<String>,
+    /// The `priority` set on the batch's lines, over each upstream's.
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i64>,
     /// Serve `/metrics` (upstream latencies and retries) here while the shard runs.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -82,6 +85,7 @@ impl WorkerArgs {
             expires_at: self.expires_at,
             model: None,
             output_expires_after: None,
+            priority: self.priority,
             plan: ShardPlan::default(),
         };
         let shard = Shard {

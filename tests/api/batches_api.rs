@@ -462,6 +462,7 @@ fn old_batch(
             expires_at: created + 86_400,
             model: None,
             output_expires_after: None,
+            priority: None,
             plan: Default::default(),
         },
         state,

@@ -5,13 +5,14 @@
 //! running.
 
 use crate::common;
-use crate::operator::{NS, Operator};
+use crate::operator::{NS, Operator, Setup};
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use common::client::{Client, ids, input};
 use common::cluster::eventually;
+use common::simulator::{SimConfig, Simulator};
 use kube::api::Api;
 use nightshift::batches::Status;
 use nightshift::k8s::crd::{BatchResource, PROJECT_LABEL, SOURCE_LABEL};
@@ -216,4 +217,28 @@ async fn deleting_a_running_applied_batch_cancels_it_first_and_leaves_nothing_ru
     assert!(!answered.is_empty() && answered.len() < custom_ids.len(), "{} of 40 lines ran", answered.len());
     let left = operator.s3.store().list(&format!("batches/{id}/")).await.unwrap();
     assert!(left.is_empty(), "the shard data went with the Batch: {left:?}");
+}
+
+/// An applied Batch's `priority` goes on its lines, over its upstream's (vLLM's priority
+/// scheduling); a Batch without one keeps the upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applied_batchs_priority_goes_on_its_lines_over_the_upstreams() {
+    let sim = Simulator::start(SimConfig { priority_scheduling: true, ..SimConfig::default() }).await;
+    let upstream = format!("  - name: sim\n    base_url: {}\n    models: [\"sim-*\"]\n    priority: 7\n", sim.url);
+    let operator = Operator::set_up(Setup { upstreams: &upstream, ..Setup::new(10, Duration::ZERO, 4) }).await;
+    let dir = TempDir::new().unwrap();
+    put(&operator, "inputs/urgent.jsonl", input(&ids("urgent", 12), "sim-a")).await;
+    put(&operator, "inputs/plain.jsonl", input(&ids("plain", 5), "sim-a")).await;
+    for (name, priority) in [("urgent", "  priority: -3\n"), ("plain", "")] {
+        let manifest = format!(
+            "apiVersion: nightshift.dev/v1alpha1\nkind: Batch\nmetadata:\n  name: {name}\nspec:\n  \
+             input: {{uri: s3://nightshift/inputs/{name}.jsonl}}\n  endpoint: /v1/chat/completions\n{priority}"
+        );
+        apply(&operator, &dir, &manifest);
+    }
+    operator.kubectl(&["wait", "-n", NS, "--for=condition=Complete", "batch/urgent", "batch/plain", "--timeout=120s"]);
+    let finished = sim.stats().finished;
+    assert_eq!((finished.get(&-3), finished.get(&7)), (Some(&12), Some(&5)), "{finished:?}");
+    let urgent = resource(&operator, "urgent").await.unwrap();
+    assert_eq!(urgent.accepted().unwrap().priority, Some(-3), "kept in the record, for the workers");
 }

@@ -1005,6 +1005,7 @@ fn batch_object(name: &str) -> Value {
         expires_at: 86_401,
         model: None,
         output_expires_after: None,
+        priority: None,
         plan: Default::default(),
     };
     let resource = BatchResource::new(name, nightshift::k8s::crd::BatchResourceSpec::recorded(spec));

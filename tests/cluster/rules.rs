@@ -48,6 +48,7 @@ fn record() -> Value {
         expires_at: 87_400,
         model: Some("mock-a".into()),
         output_expires_after: None,
+        priority: None,
         plan: Default::default(),
     };
     serde_json::to_value(spec).unwrap()

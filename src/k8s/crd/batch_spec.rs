@@ -28,7 +28,8 @@ struct Declared {
     ttl_seconds_after_finished: Option<i64>,
 }
 
-/// The request fields a user's Batch shares with the record.
+/// The request fields a user's Batch shares with the record (`priority` is set by a user
+/// only, and kept in the record for the workers).
 #[derive(Deserialize)]
 struct Shared {
     #[serde(default)]
@@ -37,6 +38,8 @@ struct Shared {
     completion_window: Option<String>,
     #[serde(default)]
     metadata: Map<String, Value>,
+    #[serde(default)]
+    priority: Option<i64>,
 }
 
 impl Serialize for BatchResourceSpec {
@@ -49,6 +52,9 @@ impl Serialize for BatchResourceSpec {
             }
             if !request.metadata.is_empty() {
                 object.insert("metadata".into(), Value::Object(request.metadata.clone()));
+            }
+            if let Some(priority) = request.priority {
+                object.insert("priority".into(), Value::from(priority));
             }
         }
         if let Some(batch) = &self.batch {
@@ -85,6 +91,7 @@ impl<'de> Deserialize<'de> for BatchResourceSpec {
                     endpoint: shared.endpoint,
                     completion_window: shared.completion_window,
                     metadata: shared.metadata,
+                    priority: shared.priority,
                 })
             }
             None => None,
@@ -104,7 +111,7 @@ fn rule(rule: &str, message: &str) -> Value {
 
 /// The fields that never change once written (by the user, or by whoever accepted the
 /// batch). A transition rule on a field holds only where the old object had it too.
-const IMMUTABLE: [&str; 13] = [
+const IMMUTABLE: [&str; 14] = [
     "input",
     "output",
     "endpoint",
@@ -117,6 +124,7 @@ const IMMUTABLE: [&str; 13] = [
     "expires_at",
     "model",
     "output_expires_after",
+    "priority",
     "plan",
 ];
 
