@@ -16,8 +16,8 @@ use serde_json::json;
 
 use super::applied::{Input, project_of};
 use super::context::{Context, FIELD_MANAGER};
-use super::controller::ControllerError;
 use super::crd::{BatchResource, PROJECT_LABEL, SOURCE_LABEL};
+use super::error::ControllerError;
 use super::store::apply_status;
 use crate::batches::create::CreateError;
 use crate::batches::{BatchError, BatchState};
@@ -78,7 +78,7 @@ pub async fn accept(resource: &BatchResource, ctx: &Context) -> Result<Action, C
         Ok(checked) => checked,
         Err(error) => return refuse(resource, ctx, refused(error)?).await,
     };
-    if super::controller::quota_left(ctx, &project) == Some(0) {
+    if ctx.quota_left(&project) == Some(0) {
         let message = "You exceeded your current quota: the project's token quota is used up";
         let refusal = Refused { code: "insufficient_quota", message: message.into(), param: None };
         return refuse(resource, ctx, refusal).await;

@@ -83,6 +83,14 @@ impl Context {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Tokens `project` may still use, when it has a quota.
+    pub fn quota_left(&self, project: &crate::ids::ProjectId) -> Option<u64> {
+        let project = self.projects.state().into_iter().find(|p| p.spec.id == *project)?;
+        let quota = project.spec.quota?.tokens;
+        let used = project.status.as_ref().map_or(0, |s| s.used_tokens);
+        Some(quota.saturating_sub(used))
+    }
+
     /// Publishes an Event on `batch` (failures are logged: an Event is worth no retry).
     pub async fn event(&self, batch: &BatchResource, type_: EventType, reason: &str, note: String) {
         let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };

@@ -27,6 +27,7 @@ use tracing::Instrument;
 use super::admission::allotment;
 use super::context::{Context, FIELD_MANAGER};
 use super::crd::{BATCH_LABEL, BatchResource, resource_name};
+use super::error::ControllerError;
 use super::guard::valid_only;
 use super::jobs::{is_running_worker, job_attempt, job_shard, job_workers, shard_job};
 use super::store::{apply_status, to_batch};
@@ -35,10 +36,8 @@ use crate::clock;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
-use crate::ids::ProjectId;
 use crate::lifecycle::decide as decisions;
 use crate::metrics::{METRICS, ReasonLabel};
-use crate::storage::StorageError;
 use crate::validate::Shard;
 
 /// Removes a Batch's shard data from object storage before the Batch goes.
@@ -51,21 +50,6 @@ const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
 /// api would have: the api writes it right after creating the Batch, so a Batch still
 /// without one after this long lost its api in between.
 const STATUSLESS_GRACE: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ControllerError {
-    #[error("kubernetes: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    /// Not an error: a step waits for something to finish (Jobs to go away).
-    #[error("waiting: {0}")]
-    Waiting(&'static str),
-}
 
 /// Watch caches of the controller: Batches and their Jobs, shared by the reconciler
 /// and the loops beside it. The streams feed the caches as the controller polls them.
@@ -187,30 +171,6 @@ where
     });
     store.wait_until_ready().await?;
     Ok(store)
-}
-
-impl ControllerError {
-    /// The metric's label for this failure (`None`: a step that waits, not a failure).
-    pub fn reason(&self) -> Option<&'static str> {
-        match self {
-            ControllerError::Kube(_) => Some("kube"),
-            ControllerError::Exec(_) => Some("exec"),
-            ControllerError::Storage(_) => Some("storage"),
-            ControllerError::Finalizer(_) => Some("finalizer"),
-            ControllerError::Waiting(_) => None,
-        }
-    }
-
-    /// Whether trying again later can help. Corrupt data (a shard's checkpoints, a file
-    /// record) stays corrupt until someone changes something: such a Batch is not
-    /// requeued but waits for a change.
-    pub fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            ControllerError::Exec(ExecError::Corrupt(_) | ExecError::Storage(StorageError::Corrupt(_)))
-                | ControllerError::Storage(StorageError::Corrupt(_))
-        )
-    }
 }
 
 /// One pass over a Batch, in a span that names it, timed and counted by outcome.
@@ -414,7 +374,7 @@ impl Runtime for KubeRuntime<'_> {
     /// bound by now (another batch's pass started some): then a later pass starts it.
     async fn start(&self, batch: &Batch, shard: &Shard) -> Result<(), ControllerError> {
         let attempt = batch.state.shard_failures.get(&shard.index).copied().unwrap_or(0);
-        let left = quota_left(self.ctx, &batch.spec.project_id);
+        let left = self.ctx.quota_left(&batch.spec.project_id);
         let job = shard_job(&self.resource(), &batch.spec, shard, attempt, &self.ctx.worker, left);
         let _starting = self.ctx.starting.lock().await;
         if self.ctx.running_jobs() >= self.ctx.max_running_shards {
@@ -526,14 +486,6 @@ async fn delete_job(ctx: &Context, name: &str) -> Result<(), ControllerError> {
     }
 }
 
-/// Tokens `project` may still use, when it has a quota.
-pub(super) fn quota_left(ctx: &Context, project: &ProjectId) -> Option<u64> {
-    let project = ctx.projects.state().into_iter().find(|p| p.spec.id == *project)?;
-    let quota = project.spec.quota?.tokens;
-    let used = project.status.as_ref().map_or(0, |s| s.used_tokens);
-    Some(quota.saturating_sub(used))
-}
-
 /// The Batch is being deleted. One still running is cancelled first and driven to its
 /// end (its workers stop and commit, finalize writes the lines they ran), so nothing is
 /// left running and nothing done is lost. Then its Jobs go, and, once a stopped worker
@@ -594,21 +546,4 @@ pub async fn check_crds(client: &Client, namespace: &str) -> anyhow::Result<()> 
 
 pub fn reporter(instance: &str) -> Reporter {
     Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_owned()) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_what_a_retry_cannot_mend_is_permanent() {
-        let storage = StorageError::NotFound("k".into());
-        assert!(ControllerError::Exec(ExecError::Corrupt("bad checkpoint".into())).is_permanent());
-        let record = || StorageError::Corrupt("unreadable file record".into());
-        assert!(ControllerError::Exec(ExecError::Storage(record())).is_permanent(), "a corrupt file record");
-        assert!(ControllerError::Storage(record()).is_permanent());
-        assert!(!ControllerError::Exec(ExecError::Storage(storage)).is_permanent());
-        assert!(!ControllerError::Waiting("jobs").is_permanent());
-        assert!(!ControllerError::Finalizer("conflict".into()).is_permanent());
-    }
 }

@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
+pub mod error;
 pub mod granting;
 pub mod guard;
 pub mod jobs;

@@ -8,8 +8,8 @@ use kube::runtime::events::EventType;
 
 use super::applied::output_uris;
 use super::context::Context;
-use super::controller::ControllerError;
 use super::crd::BatchResource;
+use super::error::ControllerError;
 use crate::batches::{BatchSpec, BatchState};
 use crate::ids::FileId;
 use crate::storage::uri::S3Uri;

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 
 use super::event::Event;
 use super::outbox::{self, Delivery};
-use super::{Webhook, WebhooksConfig, sign, target};
+use super::{BatchEndpoints, Webhook, WebhooksConfig, sign, target};
 use crate::clock::{self, UnixSeconds};
 use crate::metrics::METRICS;
 use crate::projects::ProjectDirectory;
@@ -24,12 +24,18 @@ const AT_ONCE: usize = 32;
 pub struct Deliverer {
     store: Arc<dyn ObjectStore>,
     projects: Arc<ProjectDirectory>,
+    batches: Arc<BatchEndpoints>,
     settings: WebhooksConfig,
 }
 
 impl Deliverer {
     pub fn new(store: Arc<dyn ObjectStore>, projects: Arc<ProjectDirectory>, settings: WebhooksConfig) -> Self {
-        Self { store, projects, settings }
+        Self { store, projects, batches: Arc::default(), settings }
+    }
+
+    /// Also delivers each batch's events to the batch's own endpoints.
+    pub fn with_batch_endpoints(self, batches: Arc<BatchEndpoints>) -> Self {
+        Self { batches, ..self }
     }
 
     /// Passes every `every`, until the task is dropped.
@@ -62,10 +68,20 @@ impl Deliverer {
         let projects = self.projects.current();
         let mut events = outbox::pending(self.store.as_ref()).await?;
         METRICS.webhook_events_pending.set(events.len() as i64);
-        // Each event's endpoints (its project's, as configured now), and the pairs due now.
+        // Each event's endpoints (its project's and its batch's, as configured now), and
+        // the pairs due now.
         let endpoints: Vec<Vec<Webhook>> = events
             .iter()
-            .map(|pending| projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default())
+            .map(|pending| {
+                let mut webhooks =
+                    projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
+                for webhook in self.batches.of(&pending.event.data.id) {
+                    if !webhooks.iter().any(|known| known.url == webhook.url) {
+                        webhooks.push(webhook);
+                    }
+                }
+                webhooks
+            })
             .collect();
         let mut due = Vec::new();
         for (index, (pending, webhooks)) in events.iter().zip(&endpoints).enumerate() {

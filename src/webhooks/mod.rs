@@ -1,6 +1,6 @@
 //! Webhooks: on every terminal state of a batch, OpenAI's event (`batch.completed`,
 //! `batch.failed`, `batch.cancelled`, `batch.expired`) is delivered to each endpoint of
-//! the batch's project, signed per Standard Webhooks so that the SDK's
+//! the batch's project (and of the batch itself, for an applied Batch naming some), signed per Standard Webhooks so that the SDK's
 //! `client.webhooks.unwrap(...)` verifies it.
 //!
 //! At least once, across restarts: the driver writes the event to an outbox in storage
@@ -10,6 +10,7 @@
 //! [`event`] (the payload), [`sign`] (the signature) and [`target`] (which addresses a
 //! webhook may reach) are pure.
 
+pub mod batch_endpoints;
 pub mod deliver;
 pub mod event;
 pub mod outbox;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use batch_endpoints::BatchEndpoints;
 pub use deliver::Deliverer;
 pub use event::Event;
 pub use sign::SigningSecret;
