@@ -52,6 +52,8 @@ pub struct BatchResourceSpec {
     /// Seconds after the batch finished at which the controller deletes the resource (as
     /// a Job's field of the same name); its files follow their own expiry.
     pub ttl_seconds_after_finished: Option<i64>,
+    /// Where this batch's events are delivered, besides its project's endpoints.
+    pub webhooks: Vec<WebhookRef>,
     /// The batch as accepted: written by the api when it creates one, and by the
     /// controller once it accepted an applied request (`None` until then).
     pub batch: Option<BatchSpec>,
@@ -60,7 +62,7 @@ pub struct BatchResourceSpec {
 impl BatchResourceSpec {
     /// The spec of a batch created through the API: its record, nothing applied.
     pub fn recorded(batch: BatchSpec) -> Self {
-        Self { request: None, ttl_seconds_after_finished: None, batch: Some(batch) }
+        Self { request: None, ttl_seconds_after_finished: None, webhooks: Vec::new(), batch: Some(batch) }
     }
 }
 
@@ -114,8 +116,8 @@ pub struct ProjectSpec {
     pub weight: Option<u32>,
 }
 
-/// A webhook endpoint and the key of a Secret (in the Project's namespace) that holds its
-/// signing secret (`whsec_...`).
+/// A webhook endpoint and the key of a Secret (in the Project's or Batch's namespace) that
+/// holds its signing secret (`whsec_...`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WebhookRef {
     #[schemars(regex(pattern = r"^https?://"))]

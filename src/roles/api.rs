@@ -63,7 +63,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     let batches = Arc::new(KubeBatchStore::start(client.clone(), &namespace).await?);
     let directory = Arc::new(ProjectDirectory::default());
     let quota = Arc::new(QuotaLedger::default());
-    crate::k8s::projects::follow(client, &namespace, directory.clone(), quota.clone()).await?;
+    let _watched = crate::k8s::projects::follow(client, &namespace, directory.clone(), quota.clone()).await?;
     let state = AppState {
         projects: directory,
         files: files.clone(),

@@ -22,6 +22,7 @@ use crate::k8s::controller::{self, check_crds, reporter};
 use crate::k8s::crd::{BatchResource, ProjectResource};
 use crate::k8s::granting::{UpstreamLimit, divide_limits};
 use crate::k8s::leader::{LeaderElection, Timing};
+use crate::k8s::projects::follow_batch_webhooks;
 use crate::k8s::scaling::{Scaled, scale_workloads};
 use crate::k8s::usage::sync_project_usage;
 use crate::quota::QuotaLedger;
@@ -77,10 +78,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let exec = ExecContext::new(store, files, Upstreams::echo_only(), Arc::new(QuotaLedger::default()), settings);
     // Projects with their webhooks' signing secrets, for the deliverer.
     let directory = Arc::new(crate::projects::ProjectDirectory::default());
-    let projects =
+    let (projects, secrets) =
         crate::k8s::projects::follow(client.clone(), &namespace, directory.clone(), Arc::new(QuotaLedger::default()))
             .await?;
-    let deliverer = crate::webhooks::Deliverer::new(exec.store.clone(), directory, config.webhooks.clone());
+    // Applied Batches may name endpoints of their own.
+    let endpoints = Arc::new(crate::webhooks::BatchEndpoints::default());
+    let deliverer = crate::webhooks::Deliverer::new(exec.store.clone(), directory, config.webhooks.clone())
+        .with_batch_endpoints(endpoints.clone());
     let caches = controller::caches(&client, &namespace);
     let (batches, jobs) = (caches.batches.clone(), caches.jobs.clone());
     let recorder = Recorder::new(client.clone(), reporter(&identity));
@@ -91,6 +95,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         () = controller::run(ctx.clone(), caches) => Ok(()),
         () = sync_project_usage(ctx.clone(), batches.clone()) => Ok(()),
         () = scale_workloads(ctx.clone(), batches.clone(), scaled) => Ok(()),
+        () = follow_batch_webhooks(batches.clone(), secrets, endpoints) => Ok(()),
         () = divide_limits(ctx, batches, limits) => Ok(()),
         () = deliverer.run(Duration::from_secs(1)) => Ok(()),
         // Returning ends the process: every task of this leader stops with it.

@@ -68,21 +68,8 @@ impl Deliverer {
         let projects = self.projects.current();
         let mut events = outbox::pending(self.store.as_ref()).await?;
         METRICS.webhook_events_pending.set(events.len() as i64);
-        // Each event's endpoints (its project's and its batch's, as configured now), and
-        // the pairs due now.
-        let endpoints: Vec<Vec<Webhook>> = events
-            .iter()
-            .map(|pending| {
-                let mut webhooks =
-                    projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
-                for webhook in self.batches.of(&pending.event.data.id) {
-                    if !webhooks.iter().any(|known| known.url == webhook.url) {
-                        webhooks.push(webhook);
-                    }
-                }
-                webhooks
-            })
-            .collect();
+        // Each event's endpoints, as configured now, and the pairs due now.
+        let endpoints: Vec<Vec<Webhook>> = events.iter().map(|pending| self.endpoints(&projects, pending)).collect();
         let mut due = Vec::new();
         for (index, (pending, webhooks)) in events.iter().zip(&endpoints).enumerate() {
             for webhook in webhooks {
@@ -126,6 +113,18 @@ impl Deliverer {
             }
         }
         Ok(())
+    }
+
+    /// Where `pending` goes: its project's endpoints, then its batch's own (an endpoint
+    /// named by both, once).
+    fn endpoints(&self, projects: &crate::projects::Projects, pending: &outbox::Pending) -> Vec<Webhook> {
+        let mut webhooks = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
+        for webhook in self.batches.of(&pending.event.data.id) {
+            if !webhooks.iter().any(|known| known.url == webhook.url) {
+                webhooks.push(webhook);
+            }
+        }
+        webhooks
     }
 
     /// One POST of `event` to `webhook`, to addresses checked against SSRF, without

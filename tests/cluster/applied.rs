@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::client::{Client, ids, input};
 use common::cluster::eventually;
 use common::simulator::{SimConfig, Simulator};
-use kube::api::Api;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
 use nightshift::batches::Status;
 use nightshift::k8s::crd::{BatchResource, PROJECT_LABEL, SOURCE_LABEL};
 use nightshift::storage::Key;
@@ -241,4 +242,40 @@ async fn an_applied_batchs_priority_goes_on_its_lines_over_the_upstreams() {
     assert_eq!((finished.get(&-3), finished.get(&7)), (Some(&12), Some(&5)), "{finished:?}");
     let urgent = resource(&operator, "urgent").await.unwrap();
     assert_eq!(urgent.accepted().unwrap().priority, Some(-3), "kept in the record, for the workers");
+}
+
+/// An applied Batch's own webhook gets its event, signed with its own secret, although
+/// its project has no endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applied_batchs_own_webhook_gets_its_event() {
+    const SIGNING: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let receiver = common::receiver::Receiver::start().await;
+    let operator = Operator::start(10, Duration::ZERO, 4).await;
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some("eval-hook".into()), ..ObjectMeta::default() },
+        string_data: Some([("secret".to_owned(), SIGNING.to_owned())].into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(operator.cluster.client().await, NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let dir = TempDir::new().unwrap();
+    put(&operator, "inputs/hooked.jsonl", input(&ids("hooked", 4), "mock-a")).await;
+    let manifest = format!(
+        "apiVersion: nightshift.dev/v1alpha1\nkind: Batch\nmetadata:\n  name: hooked\nspec:\n  \
+         input: {{uri: s3://nightshift/inputs/hooked.jsonl}}\n  endpoint: /v1/chat/completions\n  \
+         webhooks: [{{url: \"{}\", secret_name: eval-hook}}]\n",
+        receiver.url
+    );
+    apply(&operator, &dir, &manifest);
+    operator.kubectl(&["wait", "-n", NS, "--for=condition=Complete", "batch/hooked", "--timeout=120s"]);
+    let id = resource(&operator, "hooked").await.unwrap().accepted().unwrap().id.to_string();
+    let delivery = receiver.wait_for(1, 60).await.remove(0);
+    let event = delivery.json();
+    assert_eq!((event["type"].as_str(), event["data"]["id"].as_str()), (Some("batch.completed"), Some(id.as_str())));
+    let secret = nightshift::webhooks::SigningSecret::parse(SIGNING).unwrap();
+    let timestamp: i64 = delivery.timestamp.parse().unwrap();
+    let expected = nightshift::webhooks::sign::signature(&secret, &delivery.id, timestamp, &delivery.body);
+    assert_eq!(delivery.signature, expected, "signed with the batch's own secret");
 }

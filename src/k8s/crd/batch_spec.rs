@@ -12,7 +12,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::BatchResourceSpec;
+use super::{BatchResourceSpec, WebhookRef};
 use crate::k8s::applied::{BatchRequest, InputSource, OutputTarget};
 use crate::validate::BATCHABLE_URLS;
 
@@ -26,6 +26,9 @@ struct Declared {
     #[serde(rename = "ttlSecondsAfterFinished", default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     ttl_seconds_after_finished: Option<i64>,
+    /// Where this batch's events go, besides its project's endpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    webhooks: Vec<WebhookRef>,
 }
 
 /// The request fields a user's Batch shares with the record (`priority` is set by a user
@@ -67,6 +70,7 @@ impl Serialize for BatchResourceSpec {
             input: self.request.as_ref().map(|r| r.input.clone()),
             output: self.request.as_ref().and_then(|r| r.output.clone()),
             ttl_seconds_after_finished: self.ttl_seconds_after_finished,
+            webhooks: self.webhooks.clone(),
         };
         let Value::Object(declared) = serde_json::to_value(declared).map_err(serde::ser::Error::custom)? else {
             unreachable!("a struct serializes to an object");
@@ -100,7 +104,12 @@ impl<'de> Deserialize<'de> for BatchResourceSpec {
             Some(_) => Some(Deserialize::deserialize(&value).map_err(D::Error::custom)?),
             None => None,
         };
-        Ok(Self { request, ttl_seconds_after_finished: declared.ttl_seconds_after_finished, batch })
+        Ok(Self {
+            request,
+            ttl_seconds_after_finished: declared.ttl_seconds_after_finished,
+            webhooks: declared.webhooks,
+            batch,
+        })
     }
 }
 
