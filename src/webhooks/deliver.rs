@@ -24,18 +24,24 @@ const AT_ONCE: usize = 32;
 pub struct Deliverer {
     store: Arc<dyn ObjectStore>,
     projects: Arc<ProjectDirectory>,
-    batches: Arc<BatchEndpoints>,
+    /// Batches' own endpoints, when the batches may name some (on Kubernetes).
+    batches: Option<Arc<BatchEndpoints>>,
     settings: WebhooksConfig,
 }
 
+/// How old a delivered event must be before it leaves the outbox where batches name
+/// endpoints of their own: those are learnt from the batch's resource within a second or
+/// two of its record, and an event of a batch that ended at once must wait for them.
+const SETTLE: UnixSeconds = 3;
+
 impl Deliverer {
     pub fn new(store: Arc<dyn ObjectStore>, projects: Arc<ProjectDirectory>, settings: WebhooksConfig) -> Self {
-        Self { store, projects, batches: Arc::default(), settings }
+        Self { store, projects, batches: None, settings }
     }
 
     /// Also delivers each batch's events to the batch's own endpoints.
     pub fn with_batch_endpoints(self, batches: Arc<BatchEndpoints>) -> Self {
-        Self { batches, ..self }
+        Self { batches: Some(batches), ..self }
     }
 
     /// Passes every `every`, until the task is dropped.
@@ -102,7 +108,12 @@ impl Deliverer {
                 pending.deliveries.get(webhook.url.as_str()).is_none_or(|delivery: &Delivery| !delivery.is_closed())
             };
             let open = webhooks.iter().filter(undelivered).count();
-            if open == 0 {
+            let settled = self.batches.is_none() || now >= pending.event.created_at + SETTLE;
+            if open == 0 && !settled {
+                if changed {
+                    outbox::save(self.store.as_ref(), pending).await?;
+                }
+            } else if open == 0 {
                 outbox::remove(self.store.as_ref(), pending).await?;
             } else if now >= pending.event.created_at + give_up_after {
                 tracing::warn!(event = %pending.event.id, endpoints = open, "gave up delivering a webhook event");
@@ -119,7 +130,8 @@ impl Deliverer {
     /// named by both, once).
     fn endpoints(&self, projects: &crate::projects::Projects, pending: &outbox::Pending) -> Vec<Webhook> {
         let mut webhooks = projects.get(&pending.project).map(|project| project.webhooks.clone()).unwrap_or_default();
-        for webhook in self.batches.of(&pending.event.data.id) {
+        let own = self.batches.as_ref().map(|batches| batches.of(&pending.event.data.id)).unwrap_or_default();
+        for webhook in own {
             if !webhooks.iter().any(|known| known.url == webhook.url) {
                 webhooks.push(webhook);
             }

@@ -274,6 +274,19 @@ async fn an_applied_batchs_own_webhook_gets_its_event() {
     let delivery = receiver.wait_for(1, 60).await.remove(0);
     let event = delivery.json();
     assert_eq!((event["type"].as_str(), event["data"]["id"].as_str()), (Some("batch.completed"), Some(id.as_str())));
+    // A batch refused at validation announces `batch.failed` before its record (and so its
+    // endpoints) exists: the event waits for them.
+    put(&operator, "inputs/hooked-broken.jsonl", b"not json\n".to_vec()).await;
+    apply(
+        &operator,
+        &dir,
+        &manifest.replace("name: hooked", "name: hooked-broken").replace("hooked.jsonl", "hooked-broken.jsonl"),
+    );
+    operator.kubectl(&["wait", "-n", NS, "--for=condition=Failed", "batch/hooked-broken", "--timeout=60s"]);
+    let broken = resource(&operator, "hooked-broken").await.unwrap().accepted().unwrap().id.to_string();
+    let deliveries = receiver.wait_for(2, 60).await;
+    let failed = deliveries[1].json();
+    assert_eq!((failed["type"].as_str(), failed["data"]["id"].as_str()), (Some("batch.failed"), Some(broken.as_str())));
     let secret = nightshift::webhooks::SigningSecret::parse(SIGNING).unwrap();
     let timestamp: i64 = delivery.timestamp.parse().unwrap();
     let expected = nightshift::webhooks::sign::signature(&secret, &delivery.id, timestamp, &delivery.body);
