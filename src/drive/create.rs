@@ -46,11 +46,10 @@ pub async fn create_batch(
 
 /// Tells the project's webhooks that `batch` failed validation (as the lifecycle tells
 /// every ending), before the failed batch is persisted.
-pub async fn announce_refusal(files: &FileCatalog, batch: &Batch) -> Result<(), CreateError> {
+pub async fn announce_refusal(files: &FileCatalog, batch: &Batch) -> Result<(), StorageError> {
     let (project, id) = (&batch.spec.project_id, &batch.spec.id);
     let failed_at = batch.state.failed_at.unwrap_or_else(clock::now);
-    crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, failed_at).await?;
-    Ok(())
+    crate::webhooks::outbox::announce(files.store().as_ref(), project, id, Status::Failed, failed_at).await
 }
 
 /// Looks up the input (a live file of the project, uploaded for batches) and validates

@@ -5,7 +5,7 @@
 //! in `spec`, then the status. A refused request is a `failed` Batch with the reason (and
 //! the line, for an input that does not validate) in its status and an Event.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use futures_util::StreamExt;
 use kube::api::{Patch, PatchParams};
@@ -23,7 +23,6 @@ use crate::batches::create::CreateError;
 use crate::batches::{BatchError, BatchState};
 use crate::clock;
 use crate::drive::create::{Decided, announce_refusal, decide_batch};
-use crate::exec::ExecError;
 use crate::files::{NewFile, Purpose};
 use crate::ids::{BatchId, ProjectId};
 use crate::storage::StorageError;
@@ -55,7 +54,8 @@ fn refused(error: CreateError) -> Result<Refused, ControllerError> {
             Refused { code: "invalid_purpose", message: error.to_string(), param: Some("input.file_id".into()) }
         }
         CreateError::Expiry(error) => Refused::invalid(error.to_string(), "output_expires_after"),
-        CreateError::Invalid { .. } => unreachable!("decide_batch records an invalid input as a failed batch"),
+        // decide_batch records an invalid input as a failed batch instead; as a refusal, the same.
+        CreateError::Invalid { error, .. } => Refused::invalid(error.message, error.param.unwrap_or("input")),
         CreateError::Storage(error) => return Err(ControllerError::Storage(error)),
         CreateError::Store(error) => return Err(ControllerError::Storage(StorageError::Backend(error.to_string()))),
     })
@@ -68,8 +68,7 @@ pub async fn accept(resource: &BatchResource, ctx: &Context) -> Result<Action, C
         ctx.event(resource, EventType::Warning, "InvalidSpec", note).await;
         return Ok(Action::await_change());
     };
-    let projects: BTreeMap<ProjectId, String> =
-        ctx.projects.state().iter().map(|p| (p.spec.id.clone(), p.name_any())).collect();
+    let projects: BTreeSet<ProjectId> = ctx.projects.state().iter().map(|p| p.spec.id.clone()).collect();
     let project = match project_of(resource.labels().get(PROJECT_LABEL).map(String::as_str), &projects) {
         Ok(project) => project,
         Err(message) => return refuse(resource, ctx, Refused::invalid(message, "metadata.labels")).await,
@@ -167,10 +166,7 @@ async fn record(
     };
     batch.spec.priority = priority;
     if invalid.is_some() {
-        announce_refusal(&ctx.exec.files, &batch).await.map_err(|error| match error {
-            CreateError::Storage(error) => ControllerError::Storage(error),
-            other => ControllerError::Exec(ExecError::Corrupt(other.to_string())),
-        })?;
+        announce_refusal(&ctx.exec.files, &batch).await?;
     }
     let patch = json!({
         "apiVersion": BatchResource::api_version(&()),

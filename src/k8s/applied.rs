@@ -4,7 +4,7 @@
 //! (`super::accept`): reads the input, validates it, and records the batch on the same
 //! resource.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -108,13 +108,13 @@ impl BatchRequest {
 }
 
 /// Which project an applied Batch belongs to: the one its project label names, else the
-/// namespace's only Project. `projects` maps each Project resource's id to its name.
-pub fn project_of(label: Option<&str>, projects: &BTreeMap<ProjectId, String>) -> Result<ProjectId, String> {
+/// namespace's only Project. `projects`: the Project resources' ids.
+pub fn project_of(label: Option<&str>, projects: &BTreeSet<ProjectId>) -> Result<ProjectId, String> {
     match label {
         Some(id) => ProjectId::parse(id)
-            .filter(|id| projects.contains_key(id))
+            .filter(|id| projects.contains(id))
             .ok_or_else(|| format!("the project label names {id:?}, which no Project resource in the namespace has")),
-        None => match projects.keys().collect::<Vec<_>>().as_slice() {
+        None => match projects.iter().collect::<Vec<_>>().as_slice() {
             [only] => Ok((*only).clone()),
             [] => Err("no Project resource in the namespace: create one, or label the Batch with its project".into()),
             _ => Err(format!(
@@ -192,12 +192,12 @@ mod tests {
     fn the_project_is_the_labelled_one_or_the_namespaces_only_one() {
         let a = ProjectId::generate();
         let b = ProjectId::generate();
-        let one = BTreeMap::from([(a.clone(), "team-a".to_owned())]);
-        let two = BTreeMap::from([(a.clone(), "team-a".to_owned()), (b.clone(), "team-b".to_owned())]);
+        let one = BTreeSet::from([a.clone()]);
+        let two = BTreeSet::from([a.clone(), b.clone()]);
         assert_eq!(project_of(None, &one), Ok(a.clone()));
         assert_eq!(project_of(Some(b.as_str()), &two), Ok(b.clone()));
         assert!(project_of(None, &two).unwrap_err().contains("label the Batch"));
-        assert!(project_of(None, &BTreeMap::new()).unwrap_err().contains("no Project resource"));
+        assert!(project_of(None, &BTreeSet::new()).unwrap_err().contains("no Project resource"));
         assert!(project_of(Some(b.as_str()), &one).unwrap_err().contains("no Project resource in the namespace has"));
         assert!(project_of(Some("not an id"), &one).is_err());
     }

@@ -3,6 +3,8 @@
 //! the status records where they landed. With `keep_files: false` they then leave the
 //! Files API.
 
+use std::sync::Arc;
+
 use futures_util::StreamExt;
 use kube::runtime::events::EventType;
 
@@ -13,7 +15,7 @@ use super::error::ControllerError;
 use crate::batches::{BatchSpec, BatchState};
 use crate::ids::FileId;
 use crate::storage::uri::S3Uri;
-use crate::storage::{ObjectStore, StorageError};
+use crate::storage::{ObjectStore, S3Store, StorageError};
 
 /// Whether `state` is the end of a Batch whose files are to be copied and are not yet.
 fn to_copy(resource: &BatchResource, state: &BatchState) -> bool {
@@ -38,9 +40,7 @@ pub async fn deliver(
     let (Some(output), true) = (output, to_copy(resource, &state)) else {
         return Ok(state);
     };
-    let target = S3Uri::prefix(&output.uri).map_err(|e| e.to_string());
-    let bucket = target.and_then(|prefix| Ok((ctx.buckets.bucket(&prefix.bucket).map_err(|e| e.to_string())?, prefix)));
-    let (bucket, prefix) = match bucket {
+    let (bucket, prefix) = match target(ctx, &output.uri) {
         Ok(found) => found,
         Err(error) => {
             ctx.event(resource, EventType::Warning, "OutputNotWritten", error).await;
@@ -57,6 +57,13 @@ pub async fn deliver(
         state.error_uri = Some(error_uri.to_string());
     }
     Ok(state)
+}
+
+/// The bucket and prefix `uri` names, or why they cannot be written to.
+fn target(ctx: &Context, uri: &str) -> Result<(Arc<S3Store>, S3Uri), String> {
+    let prefix = S3Uri::prefix(uri).map_err(|error| error.to_string())?;
+    let bucket = ctx.buckets.bucket(&prefix.bucket).map_err(|error| error.to_string())?;
+    Ok((bucket, prefix))
 }
 
 /// Once the state [`deliver`] returned is written: an Event saying where the files are,

@@ -5,7 +5,7 @@
 //! running.
 
 use crate::common;
-use crate::operator::{NS, Operator, Setup};
+use crate::operator::{NS, Operator, Setup, signing_secret};
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -13,8 +13,7 @@ use std::time::Duration;
 use common::client::{Client, ids, input};
 use common::cluster::eventually;
 use common::simulator::{SimConfig, Simulator};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use nightshift::batches::Status;
 use nightshift::k8s::crd::{BatchResource, PROJECT_LABEL, SOURCE_LABEL};
 use nightshift::storage::Key;
@@ -251,15 +250,7 @@ async fn an_applied_batchs_own_webhook_gets_its_event() {
     const SIGNING: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let receiver = common::receiver::Receiver::start().await;
     let operator = Operator::start(10, Duration::ZERO, 4).await;
-    let secret = Secret {
-        metadata: ObjectMeta { name: Some("eval-hook".into()), ..ObjectMeta::default() },
-        string_data: Some([("secret".to_owned(), SIGNING.to_owned())].into()),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(operator.cluster.client().await, NS)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    signing_secret(&operator, "eval-hook", SIGNING).await;
     let dir = TempDir::new().unwrap();
     put(&operator, "inputs/hooked.jsonl", input(&ids("hooked", 4), "mock-a")).await;
     let manifest = format!(

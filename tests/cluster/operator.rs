@@ -434,6 +434,17 @@ impl Operator {
     }
 }
 
+/// A Secret `name` holding a webhook signing secret (`whsec_...`) at the key `secret`.
+pub(crate) async fn signing_secret(operator: &Operator, name: &str, signing: &str) {
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some(name.to_owned()), ..ObjectMeta::default() },
+        string_data: Some([("secret".to_owned(), signing.to_owned())].into()),
+        ..Secret::default()
+    };
+    let client = operator.cluster.client().await;
+    Api::<Secret>::namespaced(client, NS).create(&PostParams::default(), &secret).await.unwrap();
+}
+
 /// A Project `name` with the id `id`, its `key` held as a SHA-256 hash in a Secret.
 async fn create_project(client: &kube::Client, name: &str, id: &str, key: &str) {
     let secret = Secret {
@@ -1267,13 +1278,7 @@ async fn a_projects_webhook_gets_its_batch_event_from_the_controller() {
     const SIGNING: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let receiver = common::receiver::Receiver::start().await;
     let operator = Operator::start(10, Duration::ZERO, 4).await;
-    let secret = Secret {
-        metadata: ObjectMeta { name: Some("demo-webhook".into()), ..ObjectMeta::default() },
-        string_data: Some([("secret".to_owned(), SIGNING.to_owned())].into()),
-        ..Secret::default()
-    };
-    let client = operator.cluster.client().await;
-    Api::<Secret>::namespaced(client, NS).create(&PostParams::default(), &secret).await.unwrap();
+    signing_secret(&operator, "demo-webhook", SIGNING).await;
     operator.patch_project(json!({"webhooks": [{"url": receiver.url, "secret_name": "demo-webhook"}]}));
 
     let api = Client::new(&operator.api_url, common::PROJECT, common::KEY);
