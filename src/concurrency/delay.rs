@@ -23,11 +23,6 @@ const FIT_SPREAD: f64 = 0.25;
 /// … which explains at least this share of the pace's (R²): where steps hardly slow
 /// with their sequences, noise is most of what varies.
 const FIT_EXPLAINS: f64 = 0.5;
-/// Beside other traffic, until the samples first say whether steps slow with their
-/// sequences, the batch starts at this many lines and grows a line a sample…
-pub const START_LINES: f64 = 1.0;
-/// … for at most this long (lines without output tokens make no samples).
-pub const START_AT_MOST: Duration = Duration::from_secs(20);
 
 /// The batch's answered lines so far (cumulative), with their output tokens, the time
 /// they took at the upstream and the sequences the server ran meanwhile.
@@ -63,21 +58,6 @@ pub struct Delay {
     open: Option<Open>,
     /// (sequences the server ran, microseconds a token), the latest last.
     samples: VecDeque<(f64, f64)>,
-    /// The samples have said whether steps slow with their sequences, once.
-    judged: bool,
-    /// When the batch first read other traffic before that: its start.
-    start: Option<Instant>,
-}
-
-/// What the samples say of a step's pace.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Verdict {
-    /// Too few samples, or too little spread over sequences, to say.
-    Unknown,
-    /// Steps hardly slow with their sequences: noise is most of what varies.
-    Flat,
-    /// Steps slow with every sequence, at this pace.
-    Slows(Pace),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -105,40 +85,24 @@ impl Delay {
 
     /// Takes a reading in, with the throughput rule's `limit`; returns the cap.
     pub fn read(&mut self, now: Instant, look: Look, limit: u32) -> Option<u32> {
-        let sampled = self.sampled(now, look);
-        if let Some((running, _, per_token)) = sampled {
-            self.samples.push_back((running, per_token));
-            if self.samples.len() > FIT_SAMPLES {
-                self.samples.pop_front();
-            }
-        }
-        let verdict = self.verdict();
-        if !self.judged && verdict != Verdict::Unknown {
-            // The start is over: the verdict's cap applies at once, not from the start's.
-            self.judged = true;
-            self.cap = None;
-        }
         if !look.others {
             self.cap = None;
+        }
+        let Some((running, others, per_token)) = self.sampled(now, look) else { return self.cap() };
+        self.samples.push_back((running, per_token));
+        if self.samples.len() > FIT_SAMPLES {
+            self.samples.pop_front();
+        }
+        if !look.others {
             return None;
         }
-        let target = match verdict {
-            Verdict::Slows(pace) => {
-                let Some((_, others, _)) = sampled else { return self.cap() };
-                let alone = pace.fixed + pace.per_sequence * others;
-                let room = (TARGET - 1.0) * alone / pace.per_sequence;
-                (f64::from(look.in_flight) + room - f64::from(look.ours)).max(0.0)
-            }
-            _ if self.starting(now) => match (self.cap, sampled) {
-                (None, _) => START_LINES,
-                (Some(_), None) => return self.cap(),
-                (Some(_), Some(_)) => f64::INFINITY,
-            },
-            _ => {
-                self.cap = None;
-                return None;
-            }
+        let Some(pace) = self.pace() else {
+            self.cap = None;
+            return None;
         };
+        let alone = pace.fixed + pace.per_sequence * others;
+        let room = (TARGET - 1.0) * alone / pace.per_sequence;
+        let target = (f64::from(look.in_flight) + room - f64::from(look.ours)).max(0.0);
         // Down at once; up a line a sample, while the batch uses its cap.
         let cap = match self.cap {
             Some(cap) if target > cap && f64::from(look.in_flight) + 1.0 >= cap => (cap + 1.0).min(target),
@@ -149,33 +113,18 @@ impl Delay {
         self.cap()
     }
 
-    /// Beside other traffic before the samples have said anything of the server: the
-    /// batch does not know yet whether each of its lines slows the users, and starts
-    /// small. Bounded by [`START_AT_MOST`] from its first reading beside others.
-    fn starting(&mut self, now: Instant) -> bool {
-        !self.judged && now.saturating_duration_since(*self.start.get_or_insert(now)) < START_AT_MOST
-    }
-
-    /// The fitted pace of a step, if the samples say steps slow with their sequences.
+    /// The fitted pace of a step, if the samples spread enough, the sequences explain
+    /// most of how the pace varies, and it slows with them.
     pub fn pace(&self) -> Option<Pace> {
-        match self.verdict() {
-            Verdict::Slows(pace) => Some(pace),
-            _ => None,
-        }
-    }
-
-    /// What the samples say: a pace if they spread enough, the sequences explain most
-    /// of how the pace varies, and it slows with them.
-    pub fn verdict(&self) -> Verdict {
         if self.samples.len() < FIT_LEAST {
-            return Verdict::Unknown;
+            return None;
         }
         let n = self.samples.len() as f64;
         let mean_x = self.samples.iter().map(|(x, _)| x).sum::<f64>() / n;
         let mean_y = self.samples.iter().map(|(_, y)| y).sum::<f64>() / n;
         let var_x = self.samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>() / n;
         if var_x < FIT_SPREAD {
-            return Verdict::Unknown;
+            return None;
         }
         let cov = self.samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
         let var_y = self.samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
@@ -183,10 +132,7 @@ impl Delay {
         let per_sequence = cov / var_x;
         // A fixed part under nothing is noise's: a step of no sequences takes no time.
         let fixed = (mean_y - per_sequence * mean_x).max(0.0);
-        match per_sequence > 0.0 && explained >= FIT_EXPLAINS {
-            true => Verdict::Slows(Pace { fixed, per_sequence }),
-            false => Verdict::Flat,
-        }
+        (per_sequence > 0.0 && explained >= FIT_EXPLAINS).then_some(Pace { fixed, per_sequence })
     }
 
     /// The open sample's average sequences at the server, other traffic's part of them
@@ -321,55 +267,18 @@ mod tests {
     }
 
     #[test]
-    fn on_steps_that_hardly_slow_the_batch_is_held_only_while_it_starts() {
+    fn on_steps_that_hardly_slow_the_batch_is_not_held() {
         // A large server: 20 ms + 10 µs a sequence, 256 of them a step an eighth longer.
         let mut server = Server::new(20.0, 0.01, &[20, 40, 60, 40]);
-        let caps = server.settle(120);
-        assert_ne!(server.delay.verdict(), Verdict::Unknown);
-        let held = caps.iter().take_while(|cap| cap.is_some()).count();
-        assert!(held > 0 && held < 100, "a start shorter than START_AT_MOST: {held} readings");
-        assert!(caps[..held].windows(2).all(|w| w[1] >= w[0]), "the start only grows: {caps:?}");
-        assert!(caps[held..].iter().all(Option::is_none), "judged, the room is past the limit: {caps:?}");
+        assert!(server.settle(120).iter().all(Option::is_none));
     }
 
     #[test]
-    fn without_spread_there_is_no_fit_and_past_the_start_nothing_is_held() {
+    fn without_spread_there_is_no_fit_and_nothing_is_held() {
         let mut server = Server::new(2.0, 2.0, &[3]);
-        server.delay.judged = true;
         let caps = server.settle(30);
         assert!(caps.iter().all(Option::is_none), "a steady server says nothing of its slope");
         assert_eq!(server.delay.pace(), None);
-        assert_eq!(server.delay.verdict(), Verdict::Unknown);
-    }
-
-    #[test]
-    fn beside_users_a_batch_starts_at_a_line_and_grows_a_line_a_sample_until_the_samples_judge() {
-        // A CPU: every sequence a step's worth again. The batch starts at a line, not at
-        // the throughput rule's 64, and the fit holds it once it forms.
-        let mut server = Server::new(2.0, 2.0, &[2, 3, 4, 3]);
-        let caps = server.settle(30);
-        assert_eq!(caps[0], Some(1), "the first reading beside users");
-        assert!(matches!(server.delay.verdict(), Verdict::Slows(_)));
-        let most = caps.iter().flatten().max().copied();
-        assert!(most <= Some(8), "never near the limit of {LIMIT}: {caps:?}");
-        assert!(caps.iter().all(Option::is_some), "held throughout: {caps:?}");
-    }
-
-    #[test]
-    fn a_start_that_learns_nothing_ends_after_its_longest() {
-        // Lines without output tokens (embeddings) make no samples.
-        let mut delay = Delay::default();
-        let start = Instant::now();
-        let look = Look { timing: Timing::default(), running: 5.0, waiting: 0.0, ours: 1, in_flight: 1, others: true };
-        let mut now = start;
-        while now < start + START_AT_MOST {
-            assert_eq!(delay.read(now, look, LIMIT), Some(1), "at {:?}", now - start);
-            now += READING;
-        }
-        assert_eq!(delay.read(now, look, LIMIT), None);
-        // Alone, no start: nothing is held.
-        let mut alone = Delay::default();
-        assert_eq!(alone.read(start, Look { others: false, ..look }, LIMIT), None);
     }
 
     /// Samples a second apart of four lines each, at 2 ms + 2 ms a sequence.
