@@ -29,7 +29,7 @@
 //! contains any of its `|`-separated parts;
 //! default: all), `FAMILY_USERS` (comma-separated `pattern:percent`, patterns `steady`,
 //! `bursty` (3× for 2 s in every 10), `daynight` (a quarter to 1.75× the rate over 30 s);
-//! default `steady:40`), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
+//! default `steady:40`; `none`: the runs alone only), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
 //! look at untuned beside users).
@@ -384,6 +384,9 @@ async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
 /// `FAMILY_USERS`: the users' patterns at their share of capacity, with names.
 fn user_patterns(capacity_tokens: f64) -> Vec<(String, Pattern)> {
     let spec = std::env::var("FAMILY_USERS").unwrap_or_else(|_| "steady:40".into());
+    if spec == "none" {
+        return Vec::new();
+    }
     spec.split(',')
         .map(|part| {
             let (name, percent) = part.trim().split_once(':').expect("pattern:percent");

@@ -167,13 +167,21 @@ impl LoadCaps {
         let Some((pressure, occupancy)) = self.read(upstream, client, signal).await else { return };
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
-        let cap = self.gate.read(now, pressure, in_flight, limit);
         let ours = upstream.observed.at_upstream();
         self.room = occupancy
             .and_then(|(running, waiting)| {
                 self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
             })
             .map(|cap| headroom::take(cap, rand::random()));
+        // Alone at the server, a queue there is the batch's own lines: the headroom holds
+        // the batch to the places that queue showed, and the gate, which makes room for
+        // users, has nobody to make room for (it would halve the batch for its own queue).
+        let alone = occupancy.is_some() && self.headroom.alone();
+        if alone {
+            self.gate = Gate::default();
+        }
+        let pressure = if alone { Pressure::Clear } else { pressure };
+        let cap = self.gate.read(now, pressure, in_flight, limit);
         // What the server ran since the reading before, for the lines' own averages
         // ([`delay`]); a gap of more than a second says nothing of it.
         match occupancy {
