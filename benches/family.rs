@@ -32,7 +32,8 @@
 //! default `steady:40`; `none`: the runs alone only), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
-//! look at untuned beside users).
+//! look at untuned beside users), `FAMILY_REPEATS` (untuned runs per build, each a cell:
+//! default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -347,8 +348,20 @@ async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -
     let outcome = run(&member.kind, Some((batch, nightshift)), Some(users.pattern), measure_with_users()).await;
     let (p99, used) = outcome.users.expect("users ran");
     let beside = Beside { p99_ratio: p99 / users.alone_p99, share: outcome.batch / (users.capacity - used).max(1.0) };
-    eprintln!("  {}: {batch:?} beside users: p99 {:.2}×, share {:.2}", member.name, beside.p99_ratio, beside.share);
+    eprintln!(
+        "  {}: {batch:?} beside users: p99 {:.2}×, share {:.2}{}",
+        member.name,
+        beside.p99_ratio,
+        beside.share,
+        preempted(&outcome)
+    );
     beside
+}
+
+/// `FAMILY_REPEATS`: untuned runs per build and member (default 1), each a cell of its
+/// row: one run's figure is one sample, and a build is judged by its worst.
+fn repeats() -> usize {
+    std::env::var("FAMILY_REPEATS").ok().map_or(1, |v| v.parse::<usize>().expect("FAMILY_REPEATS: a count").max(1))
 }
 
 fn measure_with_users() -> Duration {
@@ -433,16 +446,20 @@ fn main() {
                 // Where no fixed concurrency keeps the bound, the best one's p99 is the bar.
                 let bar = fixed.p99_ratio.max(P99_BOUND);
                 for build in &builds {
-                    let untuned = beside(member, Batch::Untuned, &build.binary, users).await;
+                    let mut runs = Vec::new();
+                    for _ in 0..repeats() {
+                        runs.push(beside(member, Batch::Untuned, &build.binary, users).await);
+                    }
+                    let cells = |cell: &dyn Fn(&Beside) -> String| runs.iter().map(cell).collect::<Vec<_>>().join(" / ");
                     beside_rows.push(format!(
-                        "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {:.2}× | {:.2} | {:.2} | {} |",
+                        "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {} | {} | {} | {} |",
                         member.name,
                         alone_p99 * 1000.0,
                         build.name,
-                        untuned.p99_ratio,
-                        untuned.share,
-                        untuned.share / fixed.share,
-                        verdict(untuned.p99_ratio <= bar && untuned.share >= 0.9 * fixed.share)
+                        cells(&|run| format!("{:.2}×", run.p99_ratio)),
+                        cells(&|run| format!("{:.2}", run.share)),
+                        cells(&|run| format!("{:.2}", run.share / fixed.share)),
+                        cells(&|run| verdict(run.p99_ratio <= bar && run.share >= 0.9 * fixed.share).to_owned())
                     ));
                 }
             }
@@ -465,16 +482,27 @@ fn main() {
 async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64 {
     let (best_n, best) = best_alone(member).await;
     for build in builds {
-        let untuned = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, secs("FAMILY_MEASURE_SECS", 15));
-        let outcome = untuned.await;
-        let untuned = outcome.batch;
-        eprintln!("  {}: alone, untuned ({}): {untuned:.0} tokens/s{}", member.name, build.name, preempted(&outcome));
+        let mut runs = Vec::new();
+        for _ in 0..repeats() {
+            let measure = secs("FAMILY_MEASURE_SECS", 15);
+            let outcome = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, measure).await;
+            eprintln!(
+                "  {}: alone, untuned ({}): {:.0} tokens/s{}",
+                member.name,
+                build.name,
+                outcome.batch,
+                preempted(&outcome)
+            );
+            runs.push(outcome.batch);
+        }
+        let cells = |cell: &dyn Fn(f64) -> String| runs.iter().map(|run| cell(*run)).collect::<Vec<_>>().join(" / ");
         rows.push(format!(
-            "| {} | fixed {best_n}: {best:.0} | {} | {untuned:.0} | {:.2} | {} |",
+            "| {} | fixed {best_n}: {best:.0} | {} | {} | {} | {} |",
             member.name,
             build.name,
-            untuned / best,
-            verdict(untuned / best >= 0.95)
+            cells(&|run| format!("{run:.0}")),
+            cells(&|run| format!("{:.2}", run / best)),
+            cells(&|run| verdict(run / best >= 0.95).to_owned())
         ));
     }
     best

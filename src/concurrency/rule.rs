@@ -19,6 +19,11 @@ const DOWN_FACTOR: f64 = 0.8;
 const OVERLOAD_FACTOR: f64 = 0.5;
 /// Where the limit starts (or the ceiling, if lower).
 pub const INITIAL: u32 = 8;
+/// After the limit comes down, a window whose requests in flight averaged more than this
+/// share of it is still draining the old limit's lines: it is not judged…
+pub const DRAINED: f64 = 1.05;
+/// … for at most this many windows (a limit that is never drained to is judged anyway).
+pub const MAX_DRAINING: u32 = 4;
 
 /// What was observed over one window at the current limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -77,6 +82,9 @@ pub struct Rule {
     settling: bool,
     /// From the start, a doubling waits a settling window before it is judged.
     settled_start: bool,
+    /// The limit came down: windows still draining the old one's lines are left out,
+    /// this many more at most.
+    draining: u32,
 }
 
 impl Rule {
@@ -89,6 +97,7 @@ impl Rule {
             base: None,
             settling: false,
             settled_start: false,
+            draining: 0,
         }
     }
 
@@ -123,6 +132,15 @@ impl Rule {
         }
         if std::mem::take(&mut self.settling) || window.seconds <= 0.0 {
             return self.limit;
+        }
+        // Lines over a limit that came down are still finishing: the window measured the
+        // old limit's lines (a queue of them at the server draining), not this one.
+        if self.draining > 0 {
+            self.draining -= 1;
+            if window.in_flight > DRAINED * f64::from(self.limit) {
+                return self.limit;
+            }
+            self.draining = 0;
         }
         let busy = window.in_flight >= BUSY * f64::from(self.limit);
         if !busy && self.phase != Phase::Down {
@@ -188,6 +206,7 @@ impl Rule {
 
     fn set(&mut self, limit: u32, phase: Phase, base: Option<Point>) -> u32 {
         self.settling = limit != self.limit && (phase != Phase::Start || self.settled_start);
+        self.draining = if limit < self.limit { MAX_DRAINING } else { 0 };
         self.limit = limit.max(1);
         self.phase = phase;
         self.base = base;
@@ -336,6 +355,35 @@ mod tests {
             assert_eq!(rule.observe(window(5000.0, 5.0), 1024), 16);
         }
         assert_eq!(rule.observe(window(16000.0, 16.0), 1024), 32, "full again: doubling goes on");
+    }
+
+    #[test]
+    fn after_the_limit_comes_down_windows_still_draining_the_old_lines_are_not_judged() {
+        // Doubling from 16 to 32 gave nothing: the limit probes down from 16, to 13.
+        let mut rule = Rule::new(1024);
+        rule.observe(window(800.0, 8.0), 1024);
+        rule.observe(window(1600.0, 16.0), 1024);
+        assert_eq!(rule.observe(window(1600.0, 32.0), 1024), 13);
+        // The 32 lines sent before drain for a while, the server's queue answering as
+        // fast as 16 did: judged, 13 would look as good as 16 and the probe go lower.
+        assert_eq!(rule.observe(window(1600.0, 30.0), 1024), 13, "the window after a change settles");
+        for in_flight in [24.0, 17.0] {
+            assert_eq!(rule.observe(window(1600.0, in_flight), 1024), 13, "{in_flight} in flight: still draining");
+        }
+        // Drained: 13 loses a fifth of 16's throughput, and the limit goes back to 16.
+        assert_eq!(rule.observe(window(1300.0, 13.0), 1024), 16);
+    }
+
+    #[test]
+    fn a_limit_never_drained_to_is_judged_after_a_few_windows() {
+        let mut rule = Rule::new(1024);
+        rule.observe(window(800.0, 8.0), 1024);
+        rule.observe(window(1600.0, 16.0), 1024);
+        assert_eq!(rule.observe(window(1600.0, 32.0), 1024), 13);
+        rule.observe(window(1600.0, 30.0), 1024);
+        let limits: Vec<u32> = (0..MAX_DRAINING + 1).map(|_| rule.observe(window(1300.0, 20.0), 1024)).collect();
+        assert_eq!(limits[..MAX_DRAINING as usize], [13; MAX_DRAINING as usize]);
+        assert_eq!(limits[MAX_DRAINING as usize], 16, "judged: {limits:?}");
     }
 
     #[test]
