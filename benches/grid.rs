@@ -18,7 +18,8 @@
 //! process's first batch, and its next one.
 //!
 //! Knobs: `NIGHTSHIFT_BINARY` (another build, to compare), `BENCH_ROUNDS`, `BENCH_ONLY` (a substring of a point's name, e.g. `lat300`),
-//! `BENCH_SHORT=0` (skip the short-batch case), `BENCH_GRID=0` (skip the grid).
+//! `BENCH_SHORT=0` (skip the short-batch case), `BENCH_GRID=0` (skip the grid), `BENCH_LOG`
+//! (`serve`'s `RUST_LOG`, default `warn`).
 
 #[path = "common/serve.rs"]
 mod serve;
@@ -160,7 +161,7 @@ impl Serve {
             format!("projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\nupstreams:\n{upstreams}"),
         )
         .unwrap();
-        let (process, url) = serve::spawn(&config, &work.path().join("data"), "warn");
+        let (process, url) = serve::spawn(&config, &work.path().join("data"), &log());
         Self { url, client: reqwest::Client::new(), _process: process, _work: work }
     }
 
@@ -168,7 +169,7 @@ impl Serve {
     fn restarted(self) -> Self {
         let Self { client, _process: process, _work: work, .. } = self;
         drop(process);
-        let (process, url) = serve::spawn(&work.path().join("nightshift.yaml"), &work.path().join("data"), "warn");
+        let (process, url) = serve::spawn(&work.path().join("nightshift.yaml"), &work.path().join("data"), &log());
         Self { url, client, _process: process, _work: work }
     }
 
@@ -208,6 +209,11 @@ impl Serve {
 }
 
 /// The JSON answer to `request`.
+/// `serve`'s `RUST_LOG`: `BENCH_LOG`, or warnings only.
+fn log() -> String {
+    std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 async fn answer(request: reqwest::RequestBuilder) -> Value {
     request.send().await.unwrap().json().await.unwrap()
 }

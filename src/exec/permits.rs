@@ -67,6 +67,7 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
     );
     let mut caps = LoadCaps::new(upstream);
     let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
+    let mut last_limit = None;
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Permits follow the target while the loop waits for the load signal.
@@ -84,6 +85,9 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
                 }),
                 Mode::Local => upstream.max_concurrency,
             };
+            if last_limit.replace(limit) != Some(limit) {
+                tracing::debug!(upstream = %upstream.name, limit, in_flight = limiter.in_flight(), "the limit moved");
+            }
             if let Some(memory) = memory.as_mut().filter(|_| governor.has_measured()) {
                 memory.keep(governor.limit(), now).await;
             }
