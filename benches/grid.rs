@@ -208,12 +208,12 @@ impl Serve {
     }
 }
 
-/// The JSON answer to `request`.
 /// `serve`'s `RUST_LOG`: `BENCH_LOG`, or warnings only.
 fn log() -> String {
     std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into())
 }
 
+/// The JSON answer to `request`.
 async fn answer(request: reqwest::RequestBuilder) -> Value {
     request.send().await.unwrap().json().await.unwrap()
 }
