@@ -364,6 +364,11 @@ fn repeats() -> usize {
     std::env::var("FAMILY_REPEATS").ok().map_or(1, |v| v.parse::<usize>().expect("FAMILY_REPEATS: a count").max(1))
 }
 
+/// One cell for several runs: each run's figure, `/`-separated.
+fn cells<T>(runs: &[T], cell: impl Fn(&T) -> String) -> String {
+    runs.iter().map(cell).collect::<Vec<_>>().join(" / ")
+}
+
 fn measure_with_users() -> Duration {
     secs("FAMILY_MEASURE_SECS", 15) * 2
 }
@@ -450,16 +455,15 @@ fn main() {
                     for _ in 0..repeats() {
                         runs.push(beside(member, Batch::Untuned, &build.binary, users).await);
                     }
-                    let cells = |cell: &dyn Fn(&Beside) -> String| runs.iter().map(cell).collect::<Vec<_>>().join(" / ");
                     beside_rows.push(format!(
                         "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {} | {} | {} | {} |",
                         member.name,
                         alone_p99 * 1000.0,
                         build.name,
-                        cells(&|run| format!("{:.2}×", run.p99_ratio)),
-                        cells(&|run| format!("{:.2}", run.share)),
-                        cells(&|run| format!("{:.2}", run.share / fixed.share)),
-                        cells(&|run| verdict(run.p99_ratio <= bar && run.share >= 0.9 * fixed.share).to_owned())
+                        cells(&runs, |run| format!("{:.2}×", run.p99_ratio)),
+                        cells(&runs, |run| format!("{:.2}", run.share)),
+                        cells(&runs, |run| format!("{:.2}", run.share / fixed.share)),
+                        cells(&runs, |run| verdict(run.p99_ratio <= bar && run.share >= 0.9 * fixed.share).to_owned())
                     ));
                 }
             }
@@ -495,14 +499,13 @@ async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64
             );
             runs.push(outcome.batch);
         }
-        let cells = |cell: &dyn Fn(f64) -> String| runs.iter().map(|run| cell(*run)).collect::<Vec<_>>().join(" / ");
         rows.push(format!(
             "| {} | fixed {best_n}: {best:.0} | {} | {} | {} | {} |",
             member.name,
             build.name,
-            cells(&|run| format!("{run:.0}")),
-            cells(&|run| format!("{:.2}", run / best)),
-            cells(&|run| verdict(run / best >= 0.95).to_owned())
+            cells(&runs, |run| format!("{run:.0}")),
+            cells(&runs, |run| format!("{:.2}", run / best)),
+            cells(&runs, |run| verdict(run / best >= 0.95).to_owned())
         ));
     }
     best

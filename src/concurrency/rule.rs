@@ -357,16 +357,22 @@ mod tests {
         assert_eq!(rule.observe(window(16000.0, 16.0), 1024), 32, "full again: doubling goes on");
     }
 
-    #[test]
-    fn after_the_limit_comes_down_windows_still_draining_the_old_lines_are_not_judged() {
-        // Doubling from 16 to 32 gave nothing: the limit probes down from 16, to 13.
+    /// A rule whose start doubled from 16 to 32 for nothing: it probes down from 16, to
+    /// 13, and the window after that change (32 lines still in flight) settles.
+    fn overshot() -> Rule {
         let mut rule = Rule::new(1024);
         rule.observe(window(800.0, 8.0), 1024);
         rule.observe(window(1600.0, 16.0), 1024);
         assert_eq!(rule.observe(window(1600.0, 32.0), 1024), 13);
+        assert_eq!(rule.observe(window(1600.0, 30.0), 1024), 13, "the window after a change settles");
+        rule
+    }
+
+    #[test]
+    fn after_the_limit_comes_down_windows_still_draining_the_old_lines_are_not_judged() {
         // The 32 lines sent before drain for a while, the server's queue answering as
         // fast as 16 did: judged, 13 would look as good as 16 and the probe go lower.
-        assert_eq!(rule.observe(window(1600.0, 30.0), 1024), 13, "the window after a change settles");
+        let mut rule = overshot();
         for in_flight in [24.0, 17.0] {
             assert_eq!(rule.observe(window(1600.0, in_flight), 1024), 13, "{in_flight} in flight: still draining");
         }
@@ -376,11 +382,7 @@ mod tests {
 
     #[test]
     fn a_limit_never_drained_to_is_judged_after_a_few_windows() {
-        let mut rule = Rule::new(1024);
-        rule.observe(window(800.0, 8.0), 1024);
-        rule.observe(window(1600.0, 16.0), 1024);
-        assert_eq!(rule.observe(window(1600.0, 32.0), 1024), 13);
-        rule.observe(window(1600.0, 30.0), 1024);
+        let mut rule = overshot();
         let limits: Vec<u32> = (0..MAX_DRAINING + 1).map(|_| rule.observe(window(1300.0, 20.0), 1024)).collect();
         assert_eq!(limits[..MAX_DRAINING as usize], [13; MAX_DRAINING as usize]);
         assert_eq!(limits[MAX_DRAINING as usize], 16, "judged: {limits:?}");
