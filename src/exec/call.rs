@@ -1,13 +1,14 @@
 //! One line's request upstream, with its retries: the only place that talks HTTP to
 //! a model server.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::backoff::{Backoff, parse_retry_after};
 use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
+use super::reachability;
 use super::upstream::Upstream;
 use crate::batches::Usage;
 use crate::concurrency::priority::with_priority;
@@ -101,17 +102,11 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
     let url = upstream.url_for(endpoint);
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
-        let request = post(client, upstream, url.clone(), body.clone());
         let mut retry_after = None;
         if attempt > 1 {
             METRICS.upstream_retry(&upstream.name);
         }
-        let started = std::time::Instant::now();
-        let load_at_send = upstream.observed.load();
-        let at_upstream = upstream.observed.sending();
-        let sent = request.send().await;
-        drop(at_upstream);
-        upstream.latency.observe(started.elapsed().as_secs_f64());
+        let Sent { sent, started, load_at_send } = send(client, upstream, url, &body).await;
         match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
@@ -151,6 +146,43 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
         pause(upstream.backoff, attempt, retry_after).await;
     }
     LineOutcome::Failure(exhausted(&last))
+}
+
+/// One attempt's request as sent, when it started and the upstream's load then.
+struct Sent {
+    sent: Result<reqwest::Response, reqwest::Error>,
+    started: Instant,
+    load_at_send: u64,
+}
+
+/// One attempt: the request, sent again while its upstream refuses connections within
+/// its patience ([`Reachability`](super::reachability::Reachability)); only the last
+/// try's time is the upstream's latency.
+async fn send(client: &reqwest::Client, upstream: &Upstream, url: &reqwest::Url, body: &Bytes) -> Sent {
+    let mut refusals = 0;
+    loop {
+        let request = post(client, upstream, url.clone(), body.clone());
+        let started = Instant::now();
+        let load_at_send = upstream.observed.load();
+        let at_upstream = upstream.observed.sending();
+        let sent = request.send().await;
+        drop(at_upstream);
+        let counts = match &sent {
+            Err(error) if error.is_connect() && !error.is_timeout() => {
+                upstream.reachability.refused(&upstream.name, Instant::now())
+            }
+            _ => {
+                upstream.reachability.reached(&upstream.name);
+                true
+            }
+        };
+        if counts {
+            upstream.latency.observe(started.elapsed().as_secs_f64());
+            return Sent { sent, started, load_at_send };
+        }
+        refusals += 1;
+        tokio::time::sleep(reachability::pause(upstream.backoff, refusals, rand::random::<f64>())).await;
+    }
 }
 
 /// One attempt's request: the line's body, the upstream's key and timeout.

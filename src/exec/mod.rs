@@ -16,6 +16,7 @@ pub mod layout;
 pub mod limiter;
 pub mod owner;
 pub mod permits;
+pub mod reachability;
 pub mod records;
 pub mod remembered;
 pub mod upstream;

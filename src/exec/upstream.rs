@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::backoff::Backoff;
 use super::limiter::Limiter;
+use super::reachability::Reachability;
 use crate::concurrency::Observed;
 use crate::concurrency::control::Control;
 use crate::concurrency::signals::LoadSignalConfig;
@@ -40,6 +41,8 @@ pub struct Upstream {
     pub observed: Observed,
     /// The grant and the load signal's verdict, shared with its control loop.
     pub control: Control,
+    /// Since when it has refused connections, shared by its lines.
+    pub reachability: Reachability,
 }
 
 impl Upstream {
@@ -108,6 +111,7 @@ impl Upstreams {
                 priority: config.priority,
                 observed: Observed::default(),
                 control: Control::default(),
+                reachability: Reachability::default(),
             });
         }
         Ok(Self { upstreams })

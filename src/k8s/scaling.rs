@@ -137,8 +137,12 @@ async fn read_workload(client: &Client, scaled: &Scaled) -> Result<(Workload, Ob
     })
 }
 
+/// A workload's status lags its spec: asked for fewer replicas, it still counts ready the
+/// pods on their way out (a Deployment scaled to zero says one ready while its pod
+/// terminates), which no line should be sent to. At most as many are ready as are asked.
 fn workload(replicas: i32, ready: i32) -> Workload {
-    Workload { replicas: replicas.max(0) as u32, ready: ready.max(0) as u32 }
+    let replicas = replicas.max(0) as u32;
+    Workload { replicas, ready: (ready.max(0) as u32).min(replicas) }
 }
 
 /// Changes the workload's replicas through its `scale` subresource; says so in Events
@@ -246,5 +250,18 @@ async fn gave_up(ctx: &Context, batches: &Store<BatchResource>, pending: &[Pendi
         if let Some(batch) = find(ctx, batches, &waiting.batch) {
             ctx.event(&batch, EventType::Warning, "CapacityNotReady", note.clone()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_on_their_way_out_are_not_ready_to_serve() {
+        assert_eq!(workload(0, 1), Workload { replicas: 0, ready: 0 }, "scaled to zero, its pod terminating");
+        assert_eq!(workload(1, 2), Workload { replicas: 1, ready: 1 });
+        assert_eq!(workload(2, 1), Workload { replicas: 2, ready: 1 }, "one still starting");
+        assert_eq!(workload(-1, -1), Workload { replicas: 0, ready: 0 });
     }
 }

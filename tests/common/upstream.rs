@@ -78,9 +78,17 @@ impl MockUpstream {
 
     /// On `host` (an address pods reach, for the real node).
     pub async fn start_on(host: std::net::Ipv4Addr) -> Self {
+        Self::listen(tokio::net::TcpListener::bind((host, 0)).await.unwrap())
+    }
+
+    /// On a port of the loopback address claimed beforehand ([`super::ports::claim`]).
+    pub async fn start_at(port: u16) -> Self {
+        Self::listen(tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await.unwrap())
+    }
+
+    fn listen(listener: tokio::net::TcpListener) -> Self {
         let shared = Arc::new(Shared::default());
         let app = Router::new().route("/v1/{*path}", post(complete)).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
         let address = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();

@@ -18,7 +18,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -660,6 +660,21 @@ impl Timeline {
     }
 }
 
+/// The error file's lines of a finished batch, counted by code and message: what a
+/// failed assertion on its status shows.
+fn failure_codes(finished: &Value) -> String {
+    let mut counted = BTreeMap::<String, usize>::new();
+    for line in finished["errors"].as_array().into_iter().flatten() {
+        let error = &line["error"];
+        let reason = match line["response"]["status_code"].as_i64() {
+            Some(status) => format!("HTTP {status}: {}", line["response"]["body"]),
+            None => format!("{}: {}", error["code"], error["message"]),
+        };
+        *counted.entry(reason).or_default() += 1;
+    }
+    counted.iter().map(|(reason, n)| format!("{n} × {reason}")).collect::<Vec<_>>().join("; ")
+}
+
 /// Whether the controller's ServiceAccount may `verb` the `scale` of `deployment`.
 fn controller_may(installation: &Installation, verb: &str, deployment: &str) -> bool {
     let out = Command::new(kubectl_bin())
@@ -685,7 +700,9 @@ async fn capacity_on_demand(installation: &Installation, image_tag: &str) {
         "name": "pods", "base_url": format!("http://{ip}:8080/v1"), "models": ["pod-*"], "max_concurrency": 8,
         "scale": {"kind": "Deployment", "name": "llama", "max_replicas": 2, "cooldown": "10s", "max_wait": "3m"},
     }));
-    // Shards of 200 lines; a window of 40 s, which 600 lines at one replica cannot make.
+    // Shards of 200 lines; a window of 40 s, which 600 lines of 64 tokens cannot make
+    // (the tiny model gives ~500 tokens/s on this machine's two cores, one replica or two:
+    // ~80 s; 16 tokens a line made it within the window on a quiet machine).
     values["config"]["batches"]["shard_lines"] = json!(200);
     values["config"]["batches"]["completion_window"] = json!("40s");
     let file = installation.helm_home.path().join("values-capacity.json");
@@ -721,11 +738,25 @@ async fn capacity_on_demand(installation: &Installation, image_tag: &str) {
     // A batch that one replica cannot finish in its window: woken, then a second replica.
     let start = Instant::now();
     let mut late = Timeline::default();
-    let sdk = installation.sdk(600, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "16")]);
+    let sdk = installation.sdk(600, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "64")]);
     late.follow(&deployments, start, &sdk).await;
     let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
     let finished = lines.last().unwrap();
-    assert_eq!(finished["status"], "expired", "{}", finished["counts"]);
+    assert_eq!(
+        finished["status"],
+        "expired",
+        "{}; why lines failed: {}; replicas over time: {}",
+        finished["counts"],
+        failure_codes(finished),
+        late.show()
+    );
+    let errors = finished["errors"].as_array().unwrap();
+    assert!(
+        errors.iter().all(|line| line["error"]["code"] == "batch_expired"),
+        "no line failed but by the window's end (none against a replica going away or not yet \
+         reachable): {}",
+        failure_codes(finished)
+    );
     late.until(&deployments, start, 0, 120).await;
     eprintln!("[node] capacity: a late batch ({}): replicas over time: {}", finished["counts"], late.show());
     assert!(late.first(|asked, _| asked == 2).is_some(), "scaled to two for the window: {}", late.show());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::client::{Client, ids, input};
 use common::serve::Serve;
 use common::upstream::{Answer, MockUpstream};
-use common::{KEY, PROJECT, write_config};
+use common::{KEY, PROJECT, ports, write_config};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -23,18 +23,43 @@ fn serve_with(
     project: &str,
     batches: &str,
 ) -> (Serve, Client) {
+    serve_at(data, &upstream.base_url, concurrency, project, batches)
+}
+
+/// [`serve_with`] an upstream at `base_url`, whether anything listens there or not.
+fn serve_at(data: &TempDir, base_url: &str, concurrency: usize, project: &str, batches: &str) -> (Serve, Client) {
     let config = write_config(
         data.path(),
         &format!(
-            "{project}upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    \
+            "{project}upstreams:\n  - name: mock\n    base_url: {base_url}\n    models: [\"mock-*\"]\n    max_concurrency: {concurrency}\n    \
              timeout: 1s\n    retry_base_delay: 20ms\nbatches:\n  shard_lines: 7\n  checkpoint_interval: 50ms\n  \
-             reconcile_interval: 100ms\n  cancel_grace: 5s\n{batches}",
-            upstream.base_url
+             reconcile_interval: 100ms\n  cancel_grace: 5s\n{batches}"
         ),
     );
     let serve = Serve::start(&data.path().join("data"), &["--config", config.to_str().unwrap()]);
     let client = Client::new(&serve.url, PROJECT, KEY);
     (serve, client)
+}
+
+/// A model server that refuses connections for a while (restarting, or a Service whose
+/// new endpoint is not programmed yet) costs a batch nothing: a refused line never
+/// reached it, so the lines wait for it instead of spending their attempts, and each is
+/// sent once when it is back.
+#[tokio::test]
+async fn lines_wait_for_an_upstream_that_refuses_connections_and_none_fails() {
+    let [port] = ports::claim::<1>();
+    let data = TempDir::new().unwrap();
+    let (_serve, client) = serve_at(&data, &format!("http://127.0.0.1:{port}/v1"), 4, "", "");
+    let custom_ids = ids("down", 12);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-model")).await).await;
+    // Four attempts 20, 40 and 80 ms apart would be spent many times over.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let upstream = MockUpstream::start_at(port).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), MINUTE).await;
+    assert_eq!(batch["request_counts"], serde_json::json!({"total": 12, "completed": 12, "failed": 0}), "{batch}");
+    for id in &custom_ids {
+        assert_eq!(upstream.calls(id), 1, "{id} reached the upstream once");
+    }
 }
 
 #[tokio::test]
