@@ -178,6 +178,26 @@ mod tests {
         assert_eq!(server.tick(&mut governor, 1, batching(64)), after / 2, "a second later, another burst");
     }
 
+    /// A server out of reach for ten minutes (restarting: its lines wait, none finishes)
+    /// leaves the limit where it was, instead of a step down every window it lasted.
+    #[test]
+    fn an_outage_in_which_nothing_finishes_leaves_the_limit_alone() {
+        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut governor = Governor::new(256);
+        for _ in 0..600 {
+            server.tick(&mut governor, 0, batching(64));
+        }
+        let before = governor.limit();
+        let during: Vec<u32> = (0..6000).map(|_| server.tick(&mut governor, 0, |_| 0.0)).collect();
+        assert!(during.iter().all(|limit| *limit == before), "held at {before}: {:?}", dedup(&during));
+    }
+
+    fn dedup(limits: &[u32]) -> Vec<u32> {
+        let mut limits = limits.to_vec();
+        limits.dedup();
+        limits
+    }
+
     /// An upstream that answers every line in 300 ms whatever the concurrency: the limit
     /// doubles every round trip from the start (it took two seconds a doubling, then two
     /// round trips).

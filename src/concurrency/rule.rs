@@ -133,6 +133,13 @@ impl Rule {
         if std::mem::take(&mut self.settling) || window.seconds <= 0.0 {
             return self.limit;
         }
+        // Not one line finished (the window ran to its longest): the server was out of
+        // reach (restarting, refusing connections, which the lines wait out) or its lines
+        // are longer than a window. Either way there is no rate to compare, and a limit
+        // judged on nothing against nothing would drift down for as long as it lasts.
+        if window.lines == 0 {
+            return self.limit;
+        }
         // Lines over a limit that came down are still finishing: the window measured the
         // old limit's lines (a queue of them at the server draining), not this one.
         if self.draining > 0 {
