@@ -136,6 +136,17 @@ mod tests {
     }
 
     impl Server {
+        fn new() -> Self {
+            Self { now: Instant::now(), counts: Counts::default() }
+        }
+
+        /// Runs `ticks` ticks at a steady `per_sec`, for a governor to settle.
+        fn settle(&mut self, governor: &mut Governor, ticks: usize, per_sec: impl Fn(u32) -> f64) {
+            for _ in 0..ticks {
+                self.tick(governor, 0, &per_sec);
+            }
+        }
+
         /// 100 ms of a server that finishes `per_sec(limit)` lines of 10 tokens a second.
         fn tick(&mut self, governor: &mut Governor, overloads: u64, per_sec: impl Fn(u32) -> f64) -> u32 {
             let limit = governor.limit();
@@ -152,7 +163,7 @@ mod tests {
 
     #[test]
     fn it_finds_the_batch_size_of_a_batching_server() {
-        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut server = Server::new();
         let mut governor = Governor::new(256);
         let limits: Vec<u32> = (0..1200).map(|_| server.tick(&mut governor, 0, batching(24))).collect();
         let late = &limits[600..];
@@ -162,19 +173,15 @@ mod tests {
 
     #[test]
     fn overload_cuts_at_once_but_one_burst_cuts_once() {
-        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut server = Server::new();
         let mut governor = Governor::new(256);
-        for _ in 0..200 {
-            server.tick(&mut governor, 0, batching(64));
-        }
+        server.settle(&mut governor, 200, batching(64));
         let before = governor.limit();
         assert!(before >= 32, "{before}");
         let after = server.tick(&mut governor, 3, batching(64));
         assert_eq!(after, before / 2, "429s halve it");
         assert_eq!(server.tick(&mut governor, 5, batching(64)), after, "the same burst a moment later");
-        for _ in 0..10 {
-            server.tick(&mut governor, 0, batching(64));
-        }
+        server.settle(&mut governor, 10, batching(64));
         assert_eq!(server.tick(&mut governor, 1, batching(64)), after / 2, "a second later, another burst");
     }
 
@@ -182,11 +189,9 @@ mod tests {
     /// leaves the limit where it was, instead of a step down every window it lasted.
     #[test]
     fn an_outage_in_which_nothing_finishes_leaves_the_limit_alone() {
-        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut server = Server::new();
         let mut governor = Governor::new(256);
-        for _ in 0..600 {
-            server.tick(&mut governor, 0, batching(64));
-        }
+        server.settle(&mut governor, 600, batching(64));
         let before = governor.limit();
         let during: Vec<u32> = (0..6000).map(|_| server.tick(&mut governor, 0, |_| 0.0)).collect();
         assert!(during.iter().all(|limit| *limit == before), "held at {before}: {:?}", dedup(&during));
@@ -203,7 +208,7 @@ mod tests {
     /// round trips).
     #[test]
     fn from_the_start_the_limit_doubles_every_round_trip() {
-        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut server = Server::new();
         let mut governor = Governor::new(256);
         let scaling = |n: u32| f64::from(n) / 0.3;
         let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
@@ -212,7 +217,7 @@ mod tests {
         // trip after each doubling, 3 s.
         assert!(reached.is_some_and(|tick| tick <= 18), "256 within about 1.5 s (5 doublings): {limits:?}");
         // Counts that arrive late wait a settling window after each doubling.
-        let mut server = Server { now: Instant::now(), counts: Counts::default() };
+        let mut server = Server::new();
         let mut governor = Governor::with_late_counts(256);
         let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
         assert_eq!(limits[..20].iter().max(), Some(&16), "two windows of a second a doubling: {limits:?}");
