@@ -181,6 +181,7 @@ async fn send(client: &reqwest::Client, upstream: &Upstream, url: &reqwest::Url,
             return Sent { sent, started, load_at_send };
         }
         refusals += 1;
+        METRICS.upstream_refused(&upstream.name);
         tokio::time::sleep(reachability::pause(upstream.backoff, refusals, rand::random::<f64>())).await;
     }
 }

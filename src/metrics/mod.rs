@@ -96,6 +96,8 @@ pub struct Metrics {
     pub lines: Family<LineLabels, Counter>,
     pub upstream_latency: HistogramFamily,
     pub upstream_retries: Family<UpstreamLabel, Counter>,
+    /// Connections an upstream refused that its lines waited out (not counted as attempts).
+    pub upstream_refusals: Family<UpstreamLabel, Counter>,
     pub queue_depth: Gauge,
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: RouteHistogramFamily,
@@ -150,6 +152,21 @@ impl Reconciles {
     }
 }
 
+/// The attempts of requests to each upstream: their times, the retries, and the
+/// refused connections that were not attempts.
+fn register_attempts(
+    r: &mut Registry,
+) -> (HistogramFamily, Family<UpstreamLabel, Counter>, Family<UpstreamLabel, Counter>) {
+    let attempt = "Time of each attempt of a request to an upstream";
+    let retries = "Attempts after the first, per upstream";
+    let refused = "Connections an upstream refused that its lines waited out, not counted as attempts";
+    (
+        registered(r, "upstream_request_duration_seconds", attempt, Family::new_with_constructor(latency_histogram)),
+        registered(r, "upstream_retries", retries, Family::default()),
+        registered(r, "upstream_refusals", refused, Family::default()),
+    )
+}
+
 /// The night shift's metrics per upstream: load-signal failures, the limit now, and
 /// whether dispatch holds.
 fn register_night_shift(
@@ -179,15 +196,7 @@ impl Metrics {
         let lines: Family<LineLabels, Counter> =
             registered(r, "lines", "Lines recorded, by outcome and error code", Family::default());
         let completed_lines = lines.get_or_create(&LineLabels { outcome: "completed", code: "" }).clone();
-        let attempt = "Time of each attempt of a request to an upstream";
-        let upstream_latency: HistogramFamily = registered(
-            r,
-            "upstream_request_duration_seconds",
-            attempt,
-            Family::new_with_constructor(latency_histogram),
-        );
-        let retries = "Attempts after the first, per upstream";
-        let upstream_retries = registered(r, "upstream_retries", retries, Family::default());
+        let (upstream_latency, upstream_retries, upstream_refusals) = register_attempts(r);
         let queued = "Lines of unfinished batches that have no record yet";
         let queue_depth = registered(r, "queue_depth", queued, Gauge::default());
         let answered = "HTTP requests answered, by method, route and status";
@@ -216,6 +225,7 @@ impl Metrics {
             lines,
             upstream_latency,
             upstream_retries,
+            upstream_refusals,
             queue_depth,
             http_requests,
             http_duration,
@@ -327,6 +337,10 @@ impl Metrics {
         self.upstream_retries.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
     }
 
+    pub fn upstream_refused(&self, upstream: &str) {
+        self.upstream_refusals.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
+    }
+
     /// Sets the backlog's gauges from `report`, and keeps it for [`Metrics::backlog`].
     pub fn publish_backlog(&self, report: Report) {
         self.backlog.publish(report);
@@ -390,6 +404,7 @@ mod tests {
         metrics.line_failed("internal_error");
         metrics.upstream_attempt("local", Duration::from_millis(30));
         metrics.upstream_retry("local");
+        metrics.upstream_refused("local");
         metrics.set_batches([Status::InProgress, Status::Completed, Status::Completed].into_iter(), 7);
         metrics.tokens_used("p1", 12);
         metrics.http_duration.get_or_create(&RouteLabels { method: "GET", route: "/v1/files".into() }).observe(0.002);
@@ -399,6 +414,7 @@ mod tests {
             "nightshift_lines_total{outcome=\"failed\",code=\"internal_error\"} 1",
             "nightshift_upstream_request_duration_seconds_count{upstream=\"local\"} 1",
             "nightshift_upstream_retries_total{upstream=\"local\"} 1",
+            "nightshift_upstream_refusals_total{upstream=\"local\"} 1",
             "nightshift_batches{status=\"completed\"} 2",
             "nightshift_batches{status=\"cancelled\"} 0",
             "nightshift_queue_depth 7",

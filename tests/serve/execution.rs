@@ -49,7 +49,7 @@ fn serve_at(data: &TempDir, base_url: &str, concurrency: usize, project: &str, b
 async fn lines_wait_for_an_upstream_that_refuses_connections_and_none_fails() {
     let [port] = ports::claim::<1>();
     let data = TempDir::new().unwrap();
-    let (_serve, client) = serve_at(&data, &format!("http://127.0.0.1:{port}/v1"), 4, "", "");
+    let (serve, client) = serve_at(&data, &format!("http://127.0.0.1:{port}/v1"), 4, "", "");
     let custom_ids = ids("down", 12);
     let batch = client.create(&client.upload(input(&custom_ids, "mock-model")).await).await;
     // Four attempts 20, 40 and 80 ms apart would be spent many times over.
@@ -60,6 +60,17 @@ async fn lines_wait_for_an_upstream_that_refuses_connections_and_none_fails() {
     for id in &custom_ids {
         assert_eq!(upstream.calls(id), 1, "{id} reached the upstream once");
     }
+    // The wait shows in the refusals, not in the retries.
+    let metrics = reqwest::get(&serve.metrics_url).await.unwrap().text().await.unwrap();
+    let counted = |name: &str| {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(name))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    assert!(counted("nightshift_upstream_refusals_total{") >= 12, "every line was refused at least once:\n{metrics}");
+    assert_eq!(counted("nightshift_upstream_retries_total{"), 0, "{metrics}");
 }
 
 #[tokio::test]
