@@ -35,6 +35,9 @@ pub struct Look {
     pub in_flight: u32,
     /// `max_concurrency`: the limit never goes past it.
     pub ceiling: u32,
+    /// Someone besides this process is at the server, as far as it can tell (its load
+    /// signal: [`Window::crowded`]).
+    pub crowded: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +46,13 @@ struct Open {
     at_start: Counts,
     in_flight_sum: f64,
     samples: u32,
+    crowded: bool,
+}
+
+impl Open {
+    fn at(look: &Look) -> Self {
+        Self { started: look.now, at_start: look.counts, in_flight_sum: 0.0, samples: 0, crowded: false }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -98,27 +108,23 @@ impl Governor {
             self.last_backoff = Some(look.now);
             self.window = None;
         }
-        let window = self.window.get_or_insert(Open {
-            started: look.now,
-            at_start: look.counts,
-            in_flight_sum: 0.0,
-            samples: 0,
-        });
+        let window = self.window.get_or_insert_with(|| Open::at(&look));
         window.in_flight_sum += f64::from(look.in_flight);
         window.samples += 1;
+        window.crowded |= look.crowded;
         let elapsed = look.now.duration_since(window.started);
         let finished = look.counts.since(&window.at_start);
         let (shortest, turns) = if self.rule.is_starting() { self.start_window } else { (MIN_WINDOW, 2) };
         let turned_over = finished.lines >= turns * u64::from(self.rule.limit());
         if elapsed >= shortest && (turned_over || elapsed >= MAX_WINDOW) {
             // The next window starts at this look: no time goes unobserved between two.
-            let next = Open { started: look.now, at_start: look.counts, in_flight_sum: 0.0, samples: 0 };
-            let window = self.window.replace(next).expect("a window is open");
+            let window = self.window.replace(Open::at(&look)).expect("a window is open");
             let observed = Window {
                 in_flight: window.in_flight_sum / f64::from(window.samples.max(1)),
                 tokens: finished.tokens,
                 lines: finished.lines,
                 seconds: elapsed.as_secs_f64(),
+                crowded: window.crowded,
             };
             self.rule.observe(observed, look.ceiling);
         }
@@ -133,11 +139,12 @@ mod tests {
     struct Server {
         now: Instant,
         counts: Counts,
+        owed: f64,
     }
 
     impl Server {
         fn new() -> Self {
-            Self { now: Instant::now(), counts: Counts::default() }
+            Self { now: Instant::now(), counts: Counts::default(), owed: 0.0 }
         }
 
         /// Runs `ticks` ticks at a steady `per_sec`, for a governor to settle.
@@ -149,11 +156,30 @@ mod tests {
 
         /// 100 ms of a server that finishes `per_sec(limit)` lines of 10 tokens a second.
         fn tick(&mut self, governor: &mut Governor, overloads: u64, per_sec: impl Fn(u32) -> f64) -> u32 {
+            self.look(governor, overloads, false, per_sec)
+        }
+
+        /// The same, with someone else seen at the server or not.
+        fn tick_seeing(&mut self, governor: &mut Governor, crowded: bool, per_sec: impl Fn(u32) -> f64) -> u32 {
+            self.look(governor, 0, crowded, per_sec)
+        }
+
+        fn look(
+            &mut self,
+            governor: &mut Governor,
+            overloads: u64,
+            crowded: bool,
+            per_sec: impl Fn(u32) -> f64,
+        ) -> u32 {
             let limit = governor.limit();
             self.now += Duration::from_millis(100);
-            let lines = (per_sec(limit) / 10.0).round() as u64;
+            // Whole lines, the fractions carried to the next tick.
+            self.owed += per_sec(limit) / 10.0;
+            let lines = self.owed.floor();
+            self.owed -= lines;
+            let lines = lines as u64;
             self.counts.add(&Counts { lines, tokens: 10 * lines, overloads });
-            governor.look(Look { now: self.now, counts: self.counts, in_flight: limit, ceiling: 256 })
+            governor.look(Look { now: self.now, counts: self.counts, in_flight: limit, ceiling: 256, crowded })
         }
     }
 
@@ -203,19 +229,27 @@ mod tests {
         limits
     }
 
-    /// An upstream that answers every line in 300 ms whatever the concurrency: the limit
-    /// doubles every round trip from the start (it took two seconds a doubling, then two
-    /// round trips).
+    /// An upstream that answers every line in 300 ms whatever the concurrency: from the
+    /// start the limit doubles every round trip (it took two seconds a doubling, then two
+    /// round trips), and alone it leaps fourfold after the first doubling.
     #[test]
-    fn from_the_start_the_limit_doubles_every_round_trip() {
-        let mut server = Server::new();
-        let mut governor = Governor::new(256);
+    fn from_the_start_the_limit_doubles_or_leaps_every_round_trip() {
         let scaling = |n: u32| f64::from(n) / 0.3;
-        let limits: Vec<u32> = (0..40).map(|_| server.tick(&mut governor, 0, scaling)).collect();
-        let reached = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
-        // With windows of a second and two turnovers it took 9 s; with a settling round
-        // trip after each doubling, 3 s.
-        assert!(reached.is_some_and(|tick| tick <= 18), "256 within about 1.5 s (5 doublings): {limits:?}");
+        let reached = |governor: &mut Governor, crowded: bool| {
+            let mut server = Server::new();
+            let limits: Vec<u32> = (0..40).map(|_| server.tick_seeing(governor, crowded, scaling)).collect();
+            let tick = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
+            (tick, dedup(&limits))
+        };
+        // Alone: 8, 16, then 64 and 256, a round trip each.
+        let (tick, limits) = reached(&mut Governor::new(256), false);
+        assert_eq!(limits, [8, 16, 64, 256]);
+        assert!(tick.is_some_and(|tick| tick <= 10), "256 within about a second: {tick:?}");
+        // Beside someone else: 5 doublings. With windows of a second and two turnovers it
+        // took 9 s; with a settling round trip after each doubling, 3 s.
+        let (tick, limits) = reached(&mut Governor::new(256), true);
+        assert_eq!(limits, [8, 16, 32, 64, 128, 256]);
+        assert!(tick.is_some_and(|tick| tick <= 18), "256 within about 1.5 s: {tick:?}");
         // Counts that arrive late wait a settling window after each doubling.
         let mut server = Server::new();
         let mut governor = Governor::with_late_counts(256);

@@ -82,6 +82,7 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
                     counts: upstream.observed.counts(),
                     in_flight: limiter.in_flight(),
                     ceiling: upstream.max_concurrency,
+                    crowded: caps.crowded(),
                 }),
                 Mode::Local => upstream.max_concurrency,
             };
@@ -116,6 +117,8 @@ struct LoadCaps {
     ran_at: Option<std::time::Instant>,
     /// The last reading saw nothing queue (or failed).
     clear: bool,
+    /// The last reading said what the server runs, and other traffic was there lately.
+    others: bool,
     staleness: Staleness,
     next_read: tokio::time::Instant,
     warned: Option<tokio::time::Instant>,
@@ -133,6 +136,7 @@ impl LoadCaps {
             paced: None,
             ran_at: None,
             clear: true,
+            others: false,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
             warned: None,
@@ -149,6 +153,13 @@ impl LoadCaps {
             self.warned = Some(tokio::time::Instant::now());
             tracing::warn!(upstream = %self.upstream, reason, detail, "the load signal failed; batches go on without it");
         }
+    }
+
+    /// Whether the signal sees anyone but this process at the server: requests queueing
+    /// (the batch's own, alone, are not counted: the gate stands aside then), or other
+    /// traffic running lately. Without a signal nobody is seen.
+    fn crowded(&self) -> bool {
+        !self.clear || self.others
     }
 
     /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
@@ -181,6 +192,7 @@ impl LoadCaps {
         // the batch to the places that queue showed, and the gate, which makes room for
         // users, has nobody to make room for (it would halve the batch for its own queue).
         let alone = occupancy.is_some() && self.headroom.alone();
+        self.others = occupancy.is_some() && !self.headroom.alone();
         if alone {
             self.gate = Gate::default();
         }
@@ -252,6 +264,7 @@ impl LoadCaps {
                         self.room = None;
                         self.paced = None;
                         self.clear = true;
+                        self.others = false;
                         self.held.set(0);
                         return None;
                     }
