@@ -38,8 +38,11 @@ const COMMIT_RETRY_MAX: Duration = Duration::from_secs(5);
 const FINAL_ATTEMPTS: u32 = 3;
 /// A group commit starts once the lines waiting for it are at least as many as those
 /// still in flight, or once the first of them has waited this long: fewer, larger
-/// commits when the upstream is fast, at most this much added to a slow line.
-const GROUP_WAIT: Duration = Duration::from_millis(2);
+/// commits when the upstream is fast, at most this much added to a slow line. Every
+/// round trip pays it before a permit is reused: 2 ms cost a 50-ms upstream 5–10% of
+/// the plain client's rate at 16 to 256 in flight, 200 µs cost 1–6%, and the same CPU
+/// per line at an instant upstream (docs/src/benchmarks.md).
+const GROUP_WAIT: Duration = Duration::from_micros(200);
 
 /// How a shard run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
