@@ -159,11 +159,7 @@ mod tests {
             self.look(governor, overloads, false, per_sec)
         }
 
-        /// The same, with someone else seen at the server or not.
-        fn tick_seeing(&mut self, governor: &mut Governor, crowded: bool, per_sec: impl Fn(u32) -> f64) -> u32 {
-            self.look(governor, 0, crowded, per_sec)
-        }
-
+        /// The same, with someone else seen at the server (`crowded`) or not.
         fn look(
             &mut self,
             governor: &mut Governor,
@@ -237,7 +233,7 @@ mod tests {
         let scaling = |n: u32| f64::from(n) / 0.3;
         let reached = |governor: &mut Governor, crowded: bool| {
             let mut server = Server::new();
-            let limits: Vec<u32> = (0..40).map(|_| server.tick_seeing(governor, crowded, scaling)).collect();
+            let limits: Vec<u32> = (0..40).map(|_| server.look(governor, 0, crowded, scaling)).collect();
             let tick = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
             (tick, dedup(&limits))
         };

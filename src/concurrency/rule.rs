@@ -95,8 +95,6 @@ pub struct Rule {
     settling: bool,
     /// From the start, a doubling waits a settling window before it is judged.
     settled_start: bool,
-    /// The start's last step was a leap ([`LEAP_FACTOR`]), not a doubling.
-    leaping: bool,
     /// The limit came down: windows still draining the old one's lines are left out,
     /// this many more at most.
     draining: u32,
@@ -112,7 +110,6 @@ impl Rule {
             base: None,
             settling: false,
             settled_start: false,
-            leaping: false,
             draining: 0,
         }
     }
@@ -225,8 +222,9 @@ impl Rule {
     /// either.
     fn start_ended(&mut self, base: Point, here: &Point) -> u32 {
         let (before, after) = base.rates(here);
-        if self.leaping && after >= (1.0 + ACCEPT_UP) * before {
-            let doubled = scaled(base.limit, START_FACTOR).min(here.limit);
+        let doubled = scaled(base.limit, START_FACTOR);
+        let leapt = here.limit > doubled;
+        if leapt && after >= (1.0 + ACCEPT_UP) * before {
             return self.set(doubled, Phase::Measure, None);
         }
         self.probe_down(base)
@@ -234,7 +232,6 @@ impl Rule {
 
     fn probe_up(&mut self, from: Point, factor: f64, phase: Phase, ceiling: u32) -> u32 {
         let up = scaled(from.limit, factor).min(ceiling);
-        self.leaping = phase == Phase::Start && up > scaled(from.limit, START_FACTOR);
         if up == from.limit {
             return self.set(from.limit, Phase::Hold(HOLD_WINDOWS), Some(from));
         }

@@ -191,8 +191,9 @@ impl LoadCaps {
         // Alone at the server, a queue there is the batch's own lines: the headroom holds
         // the batch to the places that queue showed, and the gate, which makes room for
         // users, has nobody to make room for (it would halve the batch for its own queue).
-        let alone = occupancy.is_some() && self.headroom.alone();
-        self.others = occupancy.is_some() && !self.headroom.alone();
+        let runs_known = occupancy.is_some();
+        let alone = runs_known && self.headroom.alone();
+        self.others = runs_known && !alone;
         if alone {
             self.gate = Gate::default();
         }
