@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 
 /// The reserve covers what other traffic grew by between two readings over this span.
 pub const RESERVE_OVER: Duration = Duration::from_secs(5);
+/// Beside other traffic, on a server that says how full its KV cache is, the places are
+/// at most the sequences that fill this share of it at the fullest mix of the last
+/// [`RESERVE_OVER`].
+pub const CACHE_TARGET: f64 = 0.9;
 
 /// One reading of the server, with this process's batch requests.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,6 +26,8 @@ pub struct Occupancy {
     /// This process's batch requests in flight (the permits taken: also lines being
     /// prepared or written back), which the cap bounds.
     pub in_flight: u32,
+    /// The share of its KV cache in use (0..1), where the server says.
+    pub kv_cache_usage: Option<f64>,
 }
 
 impl Occupancy {
@@ -43,6 +49,9 @@ pub struct Headroom {
     others_seen: Option<Instant>,
     /// No reading saw other traffic over the last [`RESERVE_OVER`].
     alone: bool,
+    /// The sequences that would fill the KV cache at each reading's mix (what runs over
+    /// the share of the cache in use), over the last [`RESERVE_OVER`].
+    fills: VecDeque<(Instant, f64)>,
 }
 
 impl Headroom {
@@ -57,6 +66,21 @@ impl Headroom {
     /// No reading saw other traffic over the last [`RESERVE_OVER`].
     pub fn alone(&self) -> bool {
         self.alone
+    }
+
+    /// The places the batch and the server's other traffic share: the most the server
+    /// ran when it was full, or since. Beside other traffic, where the server says how
+    /// full its cache is, no more than fill [`CACHE_TARGET`] of it at the fullest mix
+    /// seen lately: sequences grow as they decode, and a cache that overflows preempts
+    /// the newest, most often a user's. The fullest mix, not the latest: lines that
+    /// started together grow together, and a cohort of young ones leaves room that is
+    /// gone once they are old.
+    fn bounded_places(&self) -> Option<f64> {
+        let cache = self.fills.iter().map(|(_, fill)| CACHE_TARGET * fill).reduce(f64::min).filter(|_| !self.alone);
+        match (self.places, cache) {
+            (Some(places), Some(cache)) => Some(places.min(cache)),
+            (places, cache) => places.or(cache),
+        }
     }
 
     /// Takes a reading in; returns the cap on this process's batch requests in flight
@@ -82,10 +106,15 @@ impl Headroom {
         }
         let level = self.others[0].map_or(others, |before| before.max(others));
         self.others = [Some(others), self.others[0]];
-        while self.rises.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
-            self.rises.pop_front();
+        if let Some(usage) = occupancy.kv_cache_usage.filter(|usage| *usage > 0.0 && occupancy.running >= 1.0) {
+            self.fills.push_back((now, occupancy.running / usage));
         }
-        let places = self.places?;
+        for spans in [&mut self.rises, &mut self.fills] {
+            while spans.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
+                spans.pop_front();
+            }
+        }
+        let places = self.bounded_places()?;
         let free = places - f64::from(occupancy.ours) - level - self.reserve();
         let cap = f64::from(occupancy.in_flight) + share.clamp(0.0, 1.0) * free;
         Some(cap.max(0.0))
@@ -123,7 +152,7 @@ mod tests {
 
     /// A reading with every line in flight at the server.
     fn occupancy(running: f64, waiting: f64, in_flight: u32) -> Occupancy {
-        Occupancy { running, waiting, ours: in_flight, in_flight }
+        Occupancy { running, waiting, ours: in_flight, in_flight, kv_cache_usage: None }
     }
 
     #[test]
@@ -181,6 +210,38 @@ mod tests {
     }
 
     #[test]
+    fn beside_others_the_places_are_what_fills_the_cache_at_the_fullest_mix_lately() {
+        let start = Instant::now();
+        let kv = |running, waiting, ours, usage| Occupancy {
+            ours,
+            kv_cache_usage: Some(usage),
+            ..occupancy(running, waiting, ours)
+        };
+        let mut headroom = Headroom::default();
+        // 10 users and 30 young lines fill half the cache: before any queue, the places
+        // are the 80 that would fill it at this mix, 72 of them to fill 0.9 of it.
+        assert_eq!(headroom.read(at(start, 0), kv(40.0, 0.0, 30, 0.5), 1.0), Some(30.0 + 72.0 - 30.0 - 10.0 - 1.0));
+        // Grown, the same 40 fill the whole cache: 36 places.
+        assert_eq!(headroom.read(at(start, 100), kv(40.0, 0.0, 30, 1.0), 1.0), Some(30.0 + 36.0 - 30.0 - 10.0 - 1.0));
+        // A young cohort fills the server's 64 places: the fullest mix of the last 5 s
+        // still bounds them.
+        assert_eq!(headroom.read(at(start, 200), kv(64.0, 1.0, 55, 0.7), 1.0), Some(55.0 + 36.0 - 55.0 - 10.0 - 1.0));
+        assert_eq!(headroom.places, Some(64.0), "the server ran 64 when it was full");
+        // Only younger mixes for 5 s: the places are what they would fill.
+        for n in 3..=53 {
+            headroom.read(at(start, n * 100), kv(40.0, 0.0, 30, 0.8), 1.0);
+        }
+        assert_eq!(headroom.read(at(start, 5_400), kv(40.0, 0.0, 30, 0.8), 1.0), Some(30.0 + 45.0 - 30.0 - 10.0 - 1.0));
+        // No other traffic for 5 s: the batch alone is held only by the places it has
+        // seen run, not by the cache (its lines preempt only its own).
+        for n in 55..=110 {
+            headroom.read(at(start, n * 100), kv(30.0, 0.0, 30, 1.0), 1.0);
+        }
+        assert!(headroom.alone());
+        assert_eq!(headroom.read(at(start, 11_100), kv(30.0, 0.0, 30, 1.0), 1.0), Some(64.0));
+    }
+
+    #[test]
     fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
@@ -198,7 +259,7 @@ mod tests {
         // Four lines of ours, sent together, are not counted by the server yet: other
         // traffic seems to drop from 6 to 2, and to be back at 6 in the next reading.
         // The places they seem to free are theirs: the cap stays where it was.
-        let caught = Occupancy { running: 28.0, waiting: 0.0, ours: 26, in_flight: 26 };
+        let caught = Occupancy { ours: 26, ..occupancy(28.0, 0.0, 26) };
         assert_eq!(headroom.read(at(start, 6100), caught, 1.0), Some(26.0 - 1.0));
         assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 0.0, 26), 1.0), Some(26.0 - 1.0));
         assert_eq!(headroom.reserve(), 1.0);
@@ -215,9 +276,9 @@ mod tests {
         // 30 permits, 26 lines at the server: others hold 6, not 2. Three lines being
         // written back and one about to be sent: the cap leaves room for them, so that
         // the lines at the server come to 32 − 6 − 1 = 25.
-        let reading = Occupancy { running: 32.0, waiting: 0.0, ours: 26, in_flight: 30 };
+        let reading = Occupancy { ours: 26, ..occupancy(32.0, 0.0, 30) };
         assert_eq!(headroom.read(at(start, 100), reading, 1.0), Some(25.0 + 4.0));
-        let reading = Occupancy { running: 31.0, waiting: 0.0, ours: 25, in_flight: 29 };
+        let reading = Occupancy { ours: 25, ..occupancy(31.0, 0.0, 29) };
         assert_eq!(headroom.read(at(start, 200), reading, 1.0), Some(25.0 + 4.0), "steady");
     }
 

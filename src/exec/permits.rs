@@ -179,19 +179,20 @@ impl LoadCaps {
         // On the beat of `every`, not of when this tick came: a tick falls a hair before
         // `now + every`, which would make every reading wait one more tick.
         self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
-        let Some((pressure, occupancy)) = self.read(upstream, client, signal).await else { return };
+        let Some((pressure, runs)) = self.read(upstream, client, signal).await else { return };
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
         let ours = upstream.observed.at_upstream();
-        self.room = occupancy
-            .and_then(|(running, waiting)| {
-                self.headroom.read(now, Occupancy { running, waiting, ours, in_flight }, share(mode, upstream))
+        self.room = runs
+            .and_then(|Runs { running, waiting, kv_cache_usage }| {
+                let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage };
+                self.headroom.read(now, occupancy, share(mode, upstream))
             })
             .map(|cap| headroom::take(cap, rand::random()));
         // Alone at the server, a queue there is the batch's own lines: the headroom holds
         // the batch to the places that queue showed, and the gate, which makes room for
         // users, has nobody to make room for (it would halve the batch for its own queue).
-        let runs_known = occupancy.is_some();
+        let runs_known = runs.is_some();
         let alone = runs_known && self.headroom.alone();
         self.others = runs_known && !alone;
         if alone {
@@ -201,8 +202,8 @@ impl LoadCaps {
         let cap = self.gate.read(now, pressure, in_flight, limit);
         // What the server ran since the reading before, for the lines' own averages
         // ([`delay`]); a gap of more than a second says nothing of it.
-        match occupancy {
-            Some((running, _)) => {
+        match runs {
+            Some(Runs { running, .. }) => {
                 if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
                     && since <= Duration::from_secs(1)
                 {
@@ -212,7 +213,7 @@ impl LoadCaps {
             }
             None => self.ran_at = None,
         }
-        self.paced = occupancy.and_then(|(running, waiting)| {
+        self.paced = runs.and_then(|Runs { running, waiting, .. }| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),
                 running,
@@ -224,7 +225,7 @@ impl LoadCaps {
             self.delay.read(now, look, limit)
         });
         tracing::debug!(
-            upstream = %upstream.name, ?pressure, ?occupancy, ours, in_flight, ?cap, room = ?self.room,
+            upstream = %upstream.name, ?pressure, ?runs, ours, in_flight, ?cap, room = ?self.room,
             reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
         );
         self.clear = pressure == Pressure::Clear;
@@ -232,14 +233,14 @@ impl LoadCaps {
     }
 
     /// One reading of the signal: the pressure it shows and, where the server says what
-    /// it runs, its running and waiting; `None` once a stale reading has been set aside
-    /// (nothing of the signal holds then). A failed reading is clear, as without one.
+    /// it runs, what it holds; `None` once a stale reading has been set aside (nothing of
+    /// the signal holds then). A failed reading is clear, as without one.
     async fn read(
         &mut self,
         upstream: &Upstream,
         client: &reqwest::Client,
         signal: &signals::LoadSignalConfig,
-    ) -> Option<(Pressure, Option<(f64, f64)>)> {
+    ) -> Option<(Pressure, Option<Runs>)> {
         let read = match signals::read(client, signal).await {
             Ok((reading, digest)) => {
                 let pressure = reading.pressure(signal);
@@ -253,7 +254,14 @@ impl LoadCaps {
                 let stale = self.staleness.judge(std::time::Instant::now(), sample);
                 upstream.control.signal_stale.store(stale.is_some(), Ordering::Relaxed);
                 match stale {
-                    None => (pressure, reading.running.map(|running| (running, reading.waiting))),
+                    None => {
+                        let runs = reading.running.map(|running| Runs {
+                            running,
+                            waiting: reading.waiting,
+                            kv_cache_usage: reading.kv_cache_usage,
+                        });
+                        (pressure, runs)
+                    }
                     Some(stale) => {
                         let detail = match stale {
                             Stale::SameSample => "the same answer while lines finished at the server",
@@ -279,6 +287,15 @@ impl LoadCaps {
         };
         Some(read)
     }
+}
+
+/// What a reading says the server holds, where it says what it runs.
+#[derive(Clone, Copy, Debug)]
+struct Runs {
+    running: f64,
+    waiting: f64,
+    /// The share of its KV cache in use, where it says.
+    kv_cache_usage: Option<f64>,
 }
 
 /// This process's part of the room at the server: all of it in `serve`; in a worker
