@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 /// The reserve covers what other traffic grew by between two readings over this span.
 pub const RESERVE_OVER: Duration = Duration::from_secs(5);
+/// Other traffic counts at the most that the readings of this span saw, and the one
+/// before them: a dip is not a departure.
+pub const DIP: Duration = Duration::from_millis(250);
 /// Beside other traffic, on a server that says how full its KV cache is, the places are
 /// at most the sequences that fill this share of it at the fullest mix of the last
 /// [`RESERVE_OVER`].
@@ -41,8 +44,8 @@ impl Occupancy {
 #[derive(Clone, Debug, Default)]
 pub struct Headroom {
     places: Option<f64>,
-    /// Other traffic in the last two readings, the latest first.
-    others: [Option<f64>; 2],
+    /// Other traffic in the readings of the last [`DIP`], and the one before them.
+    others: VecDeque<(Instant, f64)>,
     /// When other traffic grew between two readings, and by how much.
     rises: VecDeque<(Instant, f64)>,
     /// The last reading that saw other traffic.
@@ -96,16 +99,20 @@ impl Headroom {
             self.others_seen = Some(now);
         }
         self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
-        // A dip is not a departure (the module's doc): growth counts from the higher of
-        // the two readings before, and other traffic from the higher of this one and the
-        // one before.
-        if let Some(before) = self.others.iter().flatten().copied().reduce(f64::max)
+        // A dip is not a departure (the module's doc): growth counts from the most the
+        // readings of the last `DIP` and the one before them saw, and so does other
+        // traffic, or from this one.
+        while self.others.get(1).is_some_and(|(at, _)| now.saturating_duration_since(*at) > DIP) {
+            self.others.pop_front();
+        }
+        let before = self.others.iter().map(|(_, others)| *others).reduce(f64::max);
+        if let Some(before) = before
             && others > before
         {
             self.rises.push_back((now, others - before));
         }
-        let level = self.others[0].map_or(others, |before| before.max(others));
-        self.others = [Some(others), self.others[0]];
+        let level = before.map_or(others, |before| before.max(others));
+        self.others.push_back((now, others));
         if let Some(usage) = occupancy.kv_cache_usage.filter(|usage| *usage > 0.0 && occupancy.running >= 1.0) {
             self.fills.push_back((now, occupancy.running / usage));
         }
@@ -181,11 +188,13 @@ mod tests {
         // and by the largest jump besides.
         assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32.0 - 7.0 - 4.0));
         assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32.0 - 9.0 - 4.0));
-        // They ebb: once a second reading agrees, the batch takes their places back; the
-        // reserve stays 4 for 5 s.
+        // They ebb: once the readings of the last 250 ms and the one before them agree,
+        // the batch takes their places back; the reserve stays 4 for 5 s.
         let ebbed = occupancy(25.0, 0.0, 21);
-        assert_eq!(headroom.read(at(start, 6400), ebbed, 1.0), Some(32.0 - 9.0 - 4.0));
-        assert_eq!(headroom.read(at(start, 6500), ebbed, 1.0), Some(32.0 - 4.0 - 4.0));
+        for ms in [6400, 6500, 6600] {
+            assert_eq!(headroom.read(at(start, ms), ebbed, 1.0), Some(32.0 - 9.0 - 4.0));
+        }
+        assert_eq!(headroom.read(at(start, 6700), ebbed, 1.0), Some(32.0 - 4.0 - 4.0));
         assert_eq!(headroom.reserve(), 4.0);
         assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32.0 - 4.0 - 1.0));
         // Users alone fill the server: no batch line.
@@ -245,11 +254,14 @@ mod tests {
     fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
-        // Others leave 20 free (two readings agree), less the reserve of 1: half of it each.
-        headroom.read(at(start, 6100), occupancy(12.0, 0.0, 5), 0.5);
-        assert_eq!(headroom.read(at(start, 6200), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
+        // Others leave 20 free (the readings agree for 300 ms), less the reserve of 1:
+        // half of it each.
+        for ms in [6100, 6200, 6300] {
+            headroom.read(at(start, ms), occupancy(12.0, 0.0, 5), 0.5);
+        }
+        assert_eq!(headroom.read(at(start, 6400), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
         // Over-full by 5 (with the reserve): each gives back half.
-        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
+        assert_eq!(headroom.read(at(start, 6500), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
     }
 
     #[test]
@@ -266,6 +278,20 @@ mod tests {
         // Users that do come count from the level before.
         headroom.read(at(start, 6300), occupancy(32.0, 3.0, 26), 1.0);
         assert_eq!(headroom.reserve(), 3.0);
+    }
+
+    #[test]
+    fn a_dip_over_two_readings_is_not_a_departure_either() {
+        let start = Instant::now();
+        let mut headroom = learned(start, occupancy(32.0, 1.0, 20), occupancy(32.0, 0.0, 20), 1.0);
+        // A cohort of 10 lines finished at the server, and this process hears of them
+        // only after two readings: others seem to drop from 12 to 2 meanwhile.
+        let unheard = Occupancy { ours: 20, ..occupancy(22.0, 0.0, 20) };
+        assert_eq!(headroom.read(at(start, 6100), unheard, 1.0), Some(20.0 - 1.0));
+        assert_eq!(headroom.read(at(start, 6200), unheard, 1.0), Some(20.0 - 1.0));
+        // Heard, and replaced: others are back at 12, and never left.
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 1.0));
+        assert_eq!(headroom.reserve(), 1.0);
     }
 
     #[test]
