@@ -99,19 +99,20 @@ impl Headroom {
             self.others_seen = Some(now);
         }
         self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
-        // A dip is not a departure (the module's doc): growth counts from the most the
-        // readings of the last `DIP` and the one before them saw, and so does other
-        // traffic, or from this one.
+        // A dip is not a departure (the module's doc): growth counts from the higher of
+        // the two readings before, and other traffic from the most of this one, the
+        // readings of the last `DIP` and the one before them.
         while self.others.get(1).is_some_and(|(at, _)| now.saturating_duration_since(*at) > DIP) {
             self.others.pop_front();
         }
-        let before = self.others.iter().map(|(_, others)| *others).reduce(f64::max);
-        if let Some(before) = before
+        let last_two = self.others.iter().rev().take(2).map(|(_, others)| *others).reduce(f64::max);
+        if let Some(before) = last_two
             && others > before
         {
             self.rises.push_back((now, others - before));
         }
-        let level = before.map_or(others, |before| before.max(others));
+        let lately = self.others.iter().map(|(_, others)| *others).reduce(f64::max);
+        let level = lately.map_or(others, |before| before.max(others));
         self.others.push_back((now, others));
         if let Some(usage) = occupancy.kv_cache_usage.filter(|usage| *usage > 0.0 && occupancy.running >= 1.0) {
             self.fills.push_back((now, occupancy.running / usage));
@@ -289,9 +290,11 @@ mod tests {
         let unheard = Occupancy { ours: 20, ..occupancy(22.0, 0.0, 20) };
         assert_eq!(headroom.read(at(start, 6100), unheard, 1.0), Some(20.0 - 1.0));
         assert_eq!(headroom.read(at(start, 6200), unheard, 1.0), Some(20.0 - 1.0));
-        // Heard, and replaced: others are back at 12, and never left.
-        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 1.0));
-        assert_eq!(headroom.reserve(), 1.0);
+        // Heard, and replaced: others are back at 12. Growth counts from the two readings
+        // before, so that is taken for users who came (the reserve is kept for them),
+        // but the batch never took the places they seemed to leave.
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 10.0));
+        assert_eq!(headroom.reserve(), 10.0);
     }
 
     #[test]
