@@ -23,6 +23,12 @@ const FIT_SPREAD: f64 = 0.25;
 /// … which explains at least this share of the pace's (R²): where steps hardly slow
 /// with their sequences, noise is most of what varies.
 const FIT_EXPLAINS: f64 = 0.5;
+/// Beside other traffic and with no fit, the batch steps down to half its lines for this
+/// many samples, once in [`FIT_SAMPLES`]: a steady batch's samples all saw about as many
+/// sequences, and on a loaded machine their noise hides a slope that is there.
+pub const STEP_SAMPLES: u32 = 2;
+/// … when it has at least this many lines in flight (half of fewer spreads little).
+const STEP_LEAST: u32 = 4;
 
 /// The batch's answered lines so far (cumulative), with their output tokens, the time
 /// they took at the upstream and the sequences the server ran meanwhile.
@@ -58,6 +64,24 @@ pub struct Delay {
     open: Option<Open>,
     /// (sequences the server ran, microseconds a token), the latest last.
     samples: VecDeque<(f64, f64)>,
+    /// The pace last fitted: kept while the samples do not spread enough to fit again
+    /// (nothing new is not something else), dropped once they spread and the sequences
+    /// do not explain the pace.
+    pace: Option<Pace>,
+    /// A step down to learn the slope: its cap, and the samples it still lasts.
+    step: Option<(u32, u32)>,
+    /// Samples since the last step down began (`None`: never).
+    since_step: Option<usize>,
+}
+
+/// What the samples say of a step's pace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fit {
+    Pace(Pace),
+    /// Too few samples, or spread over too few sequences, to say anything.
+    Unspread,
+    /// Spread, and the pace does not slow with the sequences (or noise is most of it).
+    Flat,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -78,27 +102,38 @@ pub struct Pace {
 }
 
 impl Delay {
-    /// The cap on batch requests in flight now (`None`: no cap).
+    /// The cap on batch requests in flight now (`None`: no cap): the pace's, or a step
+    /// down's.
     pub fn cap(&self) -> Option<u32> {
-        self.cap.map(|cap| cap.floor() as u32)
+        let paced = self.cap.map(|cap| cap.floor() as u32);
+        [paced, self.step.map(|(cap, _)| cap)].into_iter().flatten().min()
     }
 
     /// Takes a reading in, with the throughput rule's `limit`; returns the cap.
     pub fn read(&mut self, now: Instant, look: Look, limit: u32) -> Option<u32> {
         if !look.others {
             self.cap = None;
+            self.step = None;
         }
         let Some((running, others, per_token)) = self.sampled(now, look) else { return self.cap() };
         self.samples.push_back((running, per_token));
         if self.samples.len() > FIT_SAMPLES {
             self.samples.pop_front();
         }
+        self.pace = match fit(&self.samples) {
+            Fit::Pace(pace) => Some(pace),
+            Fit::Unspread => self.pace,
+            Fit::Flat => None,
+        };
+        self.since_step = self.since_step.map(|since| since + 1);
+        self.step = self.step.and_then(|(cap, left)| (left > 1).then_some((cap, left - 1)));
         if !look.others {
             return None;
         }
-        let Some(pace) = self.pace() else {
+        let Some(pace) = self.pace else {
             self.cap = None;
-            return None;
+            self.step_down(look.in_flight);
+            return self.cap();
         };
         let alone = pace.fixed + pace.per_sequence * others;
         let room = (TARGET - 1.0) * alone / pace.per_sequence;
@@ -113,26 +148,19 @@ impl Delay {
         self.cap()
     }
 
-    /// The fitted pace of a step, if the samples spread enough, the sequences explain
-    /// most of how the pace varies, and it slows with them.
+    /// Without a fit, steps the batch down to half its lines for [`STEP_SAMPLES`], if
+    /// none did over the last [`FIT_SAMPLES`] and enough samples have come to try a fit.
+    fn step_down(&mut self, in_flight: u32) {
+        let due = self.since_step.is_none_or(|since| since >= FIT_SAMPLES);
+        if self.step.is_none() && due && self.samples.len() >= FIT_LEAST && in_flight >= STEP_LEAST {
+            self.step = Some((in_flight / 2, STEP_SAMPLES));
+            self.since_step = Some(0);
+        }
+    }
+
+    /// The pace of a step last fitted.
     pub fn pace(&self) -> Option<Pace> {
-        if self.samples.len() < FIT_LEAST {
-            return None;
-        }
-        let n = self.samples.len() as f64;
-        let mean_x = self.samples.iter().map(|(x, _)| x).sum::<f64>() / n;
-        let mean_y = self.samples.iter().map(|(_, y)| y).sum::<f64>() / n;
-        let var_x = self.samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>() / n;
-        if var_x < FIT_SPREAD {
-            return None;
-        }
-        let cov = self.samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
-        let var_y = self.samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
-        let explained = cov * cov / (var_x * var_y);
-        let per_sequence = cov / var_x;
-        // A fixed part under nothing is noise's: a step of no sequences takes no time.
-        let fixed = (mean_y - per_sequence * mean_x).max(0.0);
-        (per_sequence > 0.0 && explained >= FIT_EXPLAINS).then_some(Pace { fixed, per_sequence })
+        self.pace
     }
 
     /// The open sample's average sequences at the server, other traffic's part of them
@@ -167,6 +195,28 @@ impl Delay {
             (running, closed.others / readings, per_token)
         })
     }
+}
+
+/// The pace of a step fitted to `samples` by least squares, if they spread over enough
+/// sequences, the sequences explain most of how the pace varies, and it slows with them.
+fn fit(samples: &VecDeque<(f64, f64)>) -> Fit {
+    if samples.len() < FIT_LEAST {
+        return Fit::Unspread;
+    }
+    let n = samples.len() as f64;
+    let mean_x = samples.iter().map(|(x, _)| x).sum::<f64>() / n;
+    let mean_y = samples.iter().map(|(_, y)| y).sum::<f64>() / n;
+    let var_x = samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>() / n;
+    if var_x < FIT_SPREAD {
+        return Fit::Unspread;
+    }
+    let cov = samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
+    let var_y = samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
+    let explained = cov * cov / (var_x * var_y);
+    let per_sequence = cov / var_x;
+    // A fixed part under nothing is noise's: a step of no sequences takes no time.
+    let fixed = (mean_y - per_sequence * mean_x).max(0.0);
+    if per_sequence > 0.0 && explained >= FIT_EXPLAINS { Fit::Pace(Pace { fixed, per_sequence }) } else { Fit::Flat }
 }
 
 #[cfg(test)]
@@ -274,11 +324,40 @@ mod tests {
     }
 
     #[test]
-    fn without_spread_there_is_no_fit_and_nothing_is_held() {
+    fn a_steady_batch_steps_down_once_to_learn_the_slope_and_keeps_what_it_learned() {
         let mut server = Server::new(2.0, 2.0, &[3]);
         let caps = server.settle(30);
-        assert!(caps.iter().all(Option::is_none), "a steady server says nothing of its slope");
-        assert_eq!(server.delay.pace(), None);
+        // The first samples all saw the 3 users and the batch's 64 lines: nothing to fit,
+        // and so a step down to half of them.
+        let first = caps.iter().position(Option::is_some).expect("a cap");
+        assert_eq!(caps[first], Some(LIMIT / 2), "{caps:?}");
+        // Which spreads the samples: the slope, and the room it leaves (0.2 × 8 / 2 = 0.8).
+        let pace = server.delay.pace().expect("a fit");
+        assert!((pace.per_sequence / 2000.0 - 1.0).abs() < 0.05, "{pace:?}");
+        assert_eq!(caps.last(), Some(&Some(0)));
+        // Minutes on, the samples all saw the users and the one line: they do not spread,
+        // and what was learned holds (no step down, no flood).
+        let caps = server.settle(600);
+        assert!(server.delay.samples.iter().all(|(running, _)| *running == 4.0), "{:?}", server.delay.samples);
+        assert!(caps.iter().all(|cap| *cap == Some(0)), "{caps:?}");
+        let kept = server.delay.pace().expect("the pace learned");
+        assert!((kept.per_sequence / pace.per_sequence - 1.0).abs() < 0.01, "{kept:?} after {pace:?}");
+    }
+
+    #[test]
+    fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
+        // A loaded machine: samples over 10 to 12 sequences whose pace is mostly noise.
+        feed.delay.samples =
+            (0..20).map(|n| (10.0 + f64::from(n % 3), 20_000.0 + 6000.0 * f64::from((n * 7) % 5))).collect();
+        assert_eq!(fit(&feed.delay.samples), Fit::Flat);
+        let opening =
+            Look { timing: Timing::default(), running: 14.0, waiting: 0.0, ours: 11, in_flight: 11, others: true };
+        feed.delay.read(feed.now, opening, LIMIT);
+        let caps: Vec<_> = (0..2 * FIT_SAMPLES).map(|_| feed.sample(14.0, 11, LIMIT)).collect();
+        let steps: Vec<_> = caps.iter().enumerate().filter(|(_, cap)| cap.is_some()).map(|(at, _)| at).collect();
+        assert_eq!(steps, [0, 1, FIT_SAMPLES, FIT_SAMPLES + 1], "{caps:?}");
+        assert!(caps.iter().flatten().all(|cap| *cap == 5));
     }
 
     /// Samples a second apart of four lines each, at 2 ms + 2 ms a sequence.
@@ -340,6 +419,6 @@ mod tests {
         assert!(feed.delay.samples.is_empty(), "every sample saw requests wait");
         // Paces that do not follow the sequences: nothing explains them, nothing is held.
         feed.delay.samples = (0..40).map(|n| (f64::from(n % 4), 5000.0 + 1000.0 * f64::from((n * 7) % 5))).collect();
-        assert_eq!(feed.delay.pace(), None);
+        assert_eq!(fit(&feed.delay.samples), Fit::Flat);
     }
 }
