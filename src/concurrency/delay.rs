@@ -56,6 +56,10 @@ pub struct Look {
     pub in_flight: u32,
     /// The server had traffic besides this process's lately.
     pub others: bool,
+    /// Other processes send batch lines to the server too (worker pods): their lines
+    /// count as other traffic here, and a pace learned by a step down, or kept past
+    /// what the samples say, would hold the batch for its own lines. Neither, then.
+    pub shared: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -65,8 +69,8 @@ pub struct Delay {
     /// (sequences the server ran, microseconds a token), the latest last.
     samples: VecDeque<(f64, f64)>,
     /// The pace last fitted: kept while the samples do not spread enough to fit again
-    /// (nothing new is not something else), dropped once they spread and the sequences
-    /// do not explain the pace.
+    /// (nothing new is not something else; not by a worker pod, [`Look::shared`]),
+    /// dropped once they spread and the sequences do not explain the pace.
     pace: Option<Pace>,
     /// A step down to learn the slope: its cap, and the samples it still lasts.
     step: Option<(u32, u32)>,
@@ -122,8 +126,8 @@ impl Delay {
         }
         self.pace = match fit(&self.samples) {
             Fit::Pace(pace) => Some(pace),
-            Fit::Unspread => self.pace,
-            Fit::Flat => None,
+            Fit::Unspread if !look.shared => self.pace,
+            Fit::Unspread | Fit::Flat => None,
         };
         self.since_step = self.since_step.map(|since| since + 1);
         self.step = self.step.and_then(|(cap, left)| (left > 1).then_some((cap, left - 1)));
@@ -132,7 +136,9 @@ impl Delay {
         }
         let Some(pace) = self.pace else {
             self.cap = None;
-            self.step_down(look.in_flight);
+            if !look.shared {
+                self.step_down(look.in_flight);
+            }
             return self.cap();
         };
         let alone = pace.fixed + pace.per_sequence * others;
@@ -282,6 +288,7 @@ mod tests {
                 ours: in_flight,
                 in_flight,
                 others: users > 0,
+                shared: false,
             };
             self.delay.read(self.now, look, LIMIT)
         }
@@ -346,18 +353,32 @@ mod tests {
 
     #[test]
     fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
-        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
         // A loaded machine: samples over 10 to 12 sequences whose pace is mostly noise.
-        feed.delay.samples =
+        let noisy: VecDeque<_> =
             (0..20).map(|n| (10.0 + f64::from(n % 3), 20_000.0 + 6000.0 * f64::from((n * 7) % 5))).collect();
-        assert_eq!(fit(&feed.delay.samples), Fit::Flat);
-        let opening =
-            Look { timing: Timing::default(), running: 14.0, waiting: 0.0, ours: 11, in_flight: 11, others: true };
+        assert_eq!(fit(&noisy), Fit::Flat);
+        feed.delay.samples = noisy.clone();
+        let opening = Look {
+            timing: Timing::default(),
+            running: 14.0,
+            waiting: 0.0,
+            ours: 11,
+            in_flight: 11,
+            others: true,
+            shared: false,
+        };
         feed.delay.read(feed.now, opening, LIMIT);
         let caps: Vec<_> = (0..2 * FIT_SAMPLES).map(|_| feed.sample(14.0, 11, LIMIT)).collect();
         let steps: Vec<_> = caps.iter().enumerate().filter(|(_, cap)| cap.is_some()).map(|(at, _)| at).collect();
         assert_eq!(steps, [0, 1, FIT_SAMPLES, FIT_SAMPLES + 1], "{caps:?}");
         assert!(caps.iter().flatten().all(|cap| *cap == 5));
+        // A worker pod beside its siblings takes their lines for users': it does not step
+        // down to learn a pace that would hold the batch for its own lines.
+        let mut pod = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: true };
+        pod.delay.samples = noisy;
+        pod.delay.read(pod.now, opening, LIMIT);
+        assert!((0..FIT_SAMPLES).all(|_| pod.sample(14.0, 11, LIMIT).is_none()));
     }
 
     /// Samples a second apart of four lines each, at 2 ms + 2 ms a sequence.
@@ -365,6 +386,8 @@ mod tests {
         delay: Delay,
         now: Instant,
         timing: Timing,
+        /// Sibling processes send the batch's lines too.
+        shared: bool,
     }
 
     impl Feed {
@@ -375,17 +398,32 @@ mod tests {
             self.timing.micros += (128.0 * per_token) as u64;
             self.timing.load += (128.0 * running * 1000.0) as u64;
             self.now += SAMPLE;
-            let look = Look { timing: self.timing, running, waiting: 0.0, ours: in_flight, in_flight, others: true };
+            let look = Look {
+                timing: self.timing,
+                running,
+                waiting: 0.0,
+                ours: in_flight,
+                in_flight,
+                others: true,
+                shared: self.shared,
+            };
             self.delay.read(self.now, look, limit)
         }
     }
 
     #[test]
     fn the_cap_comes_down_at_once_and_grows_back_a_line_a_sample_while_used() {
-        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
         feed.delay.samples = (0..20).map(|n| (f64::from(n % 5), 2000.0 + 2000.0 * f64::from(n % 5))).collect();
-        let opening =
-            Look { timing: Timing::default(), running: 11.0, waiting: 0.0, ours: 10, in_flight: 10, others: true };
+        let opening = Look {
+            timing: Timing::default(),
+            running: 11.0,
+            waiting: 0.0,
+            ours: 10,
+            in_flight: 10,
+            others: true,
+            shared: false,
+        };
         feed.delay.read(feed.now, opening, LIMIT);
         // One user: alone 4 ms a token, room for 0.2 × 4 / 2 = 0.4 of a line.
         assert_eq!(feed.sample(11.0, 10, LIMIT), Some(0));
@@ -405,8 +443,16 @@ mod tests {
 
     #[test]
     fn samples_that_saw_a_queue_are_left_out_and_noise_is_not_a_slope() {
-        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default() };
-        let look = |timing, running, waiting| Look { timing, running, waiting, ours: 1, in_flight: 1, others: true };
+        let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
+        let look = |timing, running, waiting| Look {
+            timing,
+            running,
+            waiting,
+            ours: 1,
+            in_flight: 1,
+            others: true,
+            shared: false,
+        };
         feed.delay.read(feed.now, look(Timing::default(), 4.0, 0.0), LIMIT);
         for n in 0..20_u64 {
             feed.timing.lines += 4;

@@ -221,6 +221,7 @@ impl LoadCaps {
                 ours,
                 in_flight,
                 others: !self.headroom.alone(),
+                shared: share(mode, upstream) < 1.0,
             };
             self.delay.read(now, look, limit)
         });
