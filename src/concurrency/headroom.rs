@@ -111,8 +111,7 @@ impl Headroom {
         {
             self.rises.push_back((now, others - before));
         }
-        let lately = self.others.iter().map(|(_, others)| *others).reduce(f64::max);
-        let level = lately.map_or(others, |before| before.max(others));
+        let level = self.others.iter().map(|(_, before)| *before).fold(others, f64::max);
         self.others.push_back((now, others));
         if let Some(usage) = occupancy.kv_cache_usage.filter(|usage| *usage > 0.0 && occupancy.running >= 1.0) {
             self.fills.push_back((now, occupancy.running / usage));

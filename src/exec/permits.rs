@@ -183,10 +183,11 @@ impl LoadCaps {
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
         let ours = upstream.observed.at_upstream();
+        let part = share(mode, upstream);
         self.room = runs
             .and_then(|Runs { running, waiting, kv_cache_usage }| {
                 let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage };
-                self.headroom.read(now, occupancy, share(mode, upstream))
+                self.headroom.read(now, occupancy, part)
             })
             .map(|cap| headroom::take(cap, rand::random()));
         // Alone at the server, a queue there is the batch's own lines: the headroom holds
@@ -221,7 +222,7 @@ impl LoadCaps {
                 ours,
                 in_flight,
                 others: !self.headroom.alone(),
-                shared: share(mode, upstream) < 1.0,
+                shared: part < 1.0,
             };
             self.delay.read(now, look, limit)
         });
