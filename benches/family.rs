@@ -32,8 +32,8 @@
 //! default `steady:40`; `none`: the runs alone only), `FAMILY_WARM_SECS` (default 8), `FAMILY_MEASURE_SECS` (default 15
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
-//! look at untuned beside users), `FAMILY_REPEATS` (untuned runs per build, each a cell:
-//! default 1).
+//! look at untuned beside users; `FAMILY_HINDSIGHT=1` still sweeps the hindsight beside
+//! them), `FAMILY_REPEATS` (untuned runs per build, each a cell: default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -399,6 +399,12 @@ async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
     (*n, Beside { p99_ratio: best.p99_ratio, share: best.share })
 }
 
+/// `FAMILY_HINDSIGHT=1`: sweep the hindsight beside users even where `FAMILY_CAPACITY`
+/// skips the runs alone.
+fn sweep_hindsight() -> bool {
+    std::env::var("FAMILY_HINDSIGHT").is_ok_and(|v| v == "1")
+}
+
 /// `FAMILY_USERS`: the users' patterns at their share of capacity, with names.
 fn user_patterns(capacity_tokens: f64) -> Vec<(String, Pattern)> {
     let spec = std::env::var("FAMILY_USERS").unwrap_or_else(|_| "steady:40".into());
@@ -442,8 +448,8 @@ fn main() {
                 let (alone_p99, _) = run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap();
                 let users = Users { pattern, alone_p99, capacity: best };
                 let (hindsight_cell, fixed) = match known {
-                    Some(_) => ("not run".to_owned(), Beside { p99_ratio: P99_BOUND, share: f64::NAN }),
-                    None => {
+                    Some(_) if !sweep_hindsight() => ("not run".to_owned(), Beside { p99_ratio: P99_BOUND, share: f64::NAN }),
+                    _ => {
                         let (n, fixed) = hindsight(member, users).await;
                         (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), fixed)
                     }

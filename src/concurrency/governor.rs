@@ -38,6 +38,9 @@ pub struct Look {
     /// Someone besides this process is at the server, as far as it can tell (its load
     /// signal: [`Window::crowded`]).
     pub crowded: bool,
+    /// Something else sets the lines in flight now (the server's own count, for a batch
+    /// alone there): what is observed is not the limit's doing, and is not judged.
+    pub overruled: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +100,11 @@ impl Governor {
         !self.rule.is_starting()
     }
 
+    /// Whether overload cut the limit within `span` of `now`.
+    pub fn backed_off_within(&self, now: Instant, span: Duration) -> bool {
+        self.last_backoff.is_some_and(|at| now.saturating_duration_since(at) < span)
+    }
+
     /// Takes a look in; returns the limit to use now (before the load signal's cap,
     /// which the caller applies: [`super::gate`]).
     pub fn look(&mut self, look: Look) -> u32 {
@@ -107,6 +115,10 @@ impl Governor {
             self.rule.back_off();
             self.last_backoff = Some(look.now);
             self.window = None;
+        }
+        if look.overruled {
+            self.window = None;
+            return self.rule.limit().min(look.ceiling.max(1));
         }
         let window = self.window.get_or_insert_with(|| Open::at(&look));
         window.in_flight_sum += f64::from(look.in_flight);
@@ -140,11 +152,13 @@ mod tests {
         now: Instant,
         counts: Counts,
         owed: f64,
+        /// The looks say something else sets the lines in flight.
+        overruled: bool,
     }
 
     impl Server {
         fn new() -> Self {
-            Self { now: Instant::now(), counts: Counts::default(), owed: 0.0 }
+            Self { now: Instant::now(), counts: Counts::default(), owed: 0.0, overruled: false }
         }
 
         /// Runs `ticks` ticks at a steady `per_sec`, for a governor to settle.
@@ -175,7 +189,15 @@ mod tests {
             self.owed -= lines;
             let lines = lines as u64;
             self.counts.add(&Counts { lines, tokens: 10 * lines, overloads });
-            governor.look(Look { now: self.now, counts: self.counts, in_flight: limit, ceiling: 256, crowded })
+            let overruled = self.overruled;
+            governor.look(Look {
+                now: self.now,
+                counts: self.counts,
+                in_flight: limit,
+                ceiling: 256,
+                crowded,
+                overruled,
+            })
         }
     }
 
@@ -217,6 +239,26 @@ mod tests {
         let before = governor.limit();
         let during: Vec<u32> = (0..6000).map(|_| server.tick(&mut governor, 0, |_| 0.0)).collect();
         assert!(during.iter().all(|limit| *limit == before), "held at {before}: {:?}", dedup(&during));
+    }
+
+    /// While something else sets the lines in flight (a batch alone filling a server
+    /// that says its places), no window is judged: the limit is where it was when that
+    /// ends, not where minutes of lines it did not set would have moved it. Overload
+    /// still cuts it, and says so.
+    #[test]
+    fn overruled_looks_leave_the_limit_where_it_was_but_overload_still_cuts_it() {
+        let mut server = Server::new();
+        let mut governor = Governor::new(256);
+        server.settle(&mut governor, 600, batching(64));
+        let before = governor.limit();
+        // As many lines finish whatever the limit: a probe down would lose nothing.
+        server.overruled = true;
+        let during: Vec<u32> = (0..3000).map(|_| server.tick(&mut governor, 0, |_| 1000.0)).collect();
+        assert!(during.iter().all(|limit| *limit == before), "held at {before}: {:?}", dedup(&during));
+        assert!(!governor.backed_off_within(server.now, Duration::from_secs(10)));
+        assert_eq!(server.tick(&mut governor, 2, |_| 1000.0), before / 2, "429s halve it");
+        assert!(governor.backed_off_within(server.now, Duration::from_secs(10)));
+        assert!(!governor.backed_off_within(server.now + Duration::from_secs(10), Duration::from_secs(10)));
     }
 
     fn dedup(limits: &[u32]) -> Vec<u32> {

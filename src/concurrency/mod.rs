@@ -58,6 +58,8 @@ pub struct Observed {
     tokens: AtomicU64,
     overloads: AtomicU64,
     at_upstream: AtomicU32,
+    /// Requests sent so far.
+    sent: AtomicU64,
     timed_lines: AtomicU64,
     timed_tokens: AtomicU64,
     timed_micros: AtomicU64,
@@ -83,12 +85,18 @@ impl Observed {
     /// answer came, or it failed). Unlike the permits in flight, this leaves out lines
     /// being prepared or written back: what the server itself counts as ours.
     pub fn sending(&self) -> AtUpstream<'_> {
+        self.sent.fetch_add(1, Ordering::Relaxed);
         self.at_upstream.fetch_add(1, Ordering::Relaxed);
         AtUpstream(&self.at_upstream)
     }
 
     pub fn at_upstream(&self) -> u32 {
         self.at_upstream.load(Ordering::Relaxed)
+    }
+
+    /// Requests sent so far (cumulative).
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     pub fn finished(&self, output_tokens: u64) {

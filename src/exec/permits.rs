@@ -35,6 +35,9 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// are learned from what runs, its queue from what waits): a server whose users queue
 /// now and then on their own would hold it at none for good.
 pub const PROBE_LINES: u32 = 1;
+/// After overload cut the adaptive limit (429s, 503s, timeouts), the throughput rule
+/// governs a batch alone for this long, where the server's count would fill it.
+const OVERLOAD_RULES_FOR: Duration = Duration::from_secs(10);
 
 /// Runs every upstream's loop, forever. With `memory` (`serve`'s storage), an adaptive
 /// limit is kept there and resumed from by the next run ([`super::remembered`]).
@@ -75,15 +78,29 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
         loop {
             ticks.tick().await;
             let now = std::time::Instant::now();
+            // A batch alone at a server that says its places fills them, as the server
+            // counts, and the throughput rule's knee does not hold it below (the
+            // headroom's cap alone). Only the adaptive limit of `serve` is overruled: a
+            // worker pod keeps to its grant, and a fixed limit is the user's.
+            let filling = |caps: &LoadCaps, governor: &Governor| {
+                mode == Mode::Local
+                    && upstream.adaptive
+                    && caps.alone_with_room()
+                    && !governor.backed_off_within(now, OVERLOAD_RULES_FOR)
+            };
             let limit = match mode {
                 Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
-                Mode::Local if upstream.adaptive => governor.look(Look {
-                    now,
-                    counts: upstream.observed.counts(),
-                    in_flight: limiter.in_flight(),
-                    ceiling: upstream.max_concurrency,
-                    crowded: caps.crowded(),
-                }),
+                Mode::Local if upstream.adaptive => {
+                    let overruled = filling(&caps, &governor);
+                    governor.look(Look {
+                        now,
+                        counts: upstream.observed.counts(),
+                        in_flight: limiter.in_flight(),
+                        ceiling: upstream.max_concurrency,
+                        crowded: caps.crowded(),
+                        overruled,
+                    })
+                }
                 Mode::Local => upstream.max_concurrency,
             };
             if last_limit.replace(limit) != Some(limit) {
@@ -93,7 +110,10 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
                 memory.keep(governor.limit(), now).await;
             }
             caps.read_when_due(upstream, client, mode, limit).await;
-            let target = caps.cap().map_or(limit, |cap| cap.min(limit));
+            let target = match caps.cap() {
+                Some(cap) if filling(&caps, &governor) => cap.min(upstream.max_concurrency),
+                cap => cap.map_or(limit, |cap| cap.min(limit)),
+            };
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
         }
@@ -119,6 +139,8 @@ struct LoadCaps {
     clear: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
+    /// The last reading said what the server runs, and no other traffic was there lately.
+    alone: bool,
     staleness: Staleness,
     next_read: tokio::time::Instant,
     warned: Option<tokio::time::Instant>,
@@ -137,6 +159,7 @@ impl LoadCaps {
             ran_at: None,
             clear: true,
             others: false,
+            alone: false,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
             warned: None,
@@ -162,6 +185,11 @@ impl LoadCaps {
         !self.clear || self.others
     }
 
+    /// Alone at the server, with its places known: the headroom's cap fills them.
+    fn alone_with_room(&self) -> bool {
+        self.alone && self.room.is_some()
+    }
+
     /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
     /// the batch), but [`PROBE_LINES`] at least while nothing queues.
     fn cap(&self) -> Option<u32> {
@@ -179,10 +207,16 @@ impl LoadCaps {
         // On the beat of `every`, not of when this tick came: a tick falls a hair before
         // `now + every`, which would make every reading wait one more tick.
         self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
+        // The server counted this process's lines at some moment of the scrape: at most
+        // those it had before, and those sent meanwhile. Counted after the scrape, a line
+        // the server still had but whose answer came meanwhile would be taken for
+        // someone else's, and a batch alone for a batch beside users.
+        let (had, sent) = (upstream.observed.at_upstream(), upstream.observed.sent());
         let Some((pressure, runs)) = self.read(upstream, client, signal).await else { return };
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
-        let ours = upstream.observed.at_upstream();
+        let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
+        let ours = had.saturating_add(sent_meanwhile);
         let part = share(mode, upstream);
         self.room = runs
             .and_then(|Runs { running, waiting, kv_cache_usage }| {
@@ -196,6 +230,7 @@ impl LoadCaps {
         let runs_known = runs.is_some();
         let alone = runs_known && self.headroom.alone();
         self.others = runs_known && !alone;
+        self.alone = alone;
         if alone {
             self.gate = Gate::default();
         }
@@ -276,6 +311,7 @@ impl LoadCaps {
                         self.paced = None;
                         self.clear = true;
                         self.others = false;
+                        self.alone = false;
                         self.held.set(0);
                         return None;
                     }

@@ -147,7 +147,8 @@ impl Adapting {
                 .or_insert_with(|| Governor::with_late_counts(upstream.ceiling));
             // The pods read the load signal, not the controller; its rule, over late
             // counts, does not leap from the start whatever `crowded` says.
-            let look = Look { now, counts: *total, in_flight, ceiling: upstream.ceiling, crowded: false };
+            let look =
+                Look { now, counts: *total, in_flight, ceiling: upstream.ceiling, crowded: false, overruled: false };
             let limit = governor.look(look);
             crate::metrics::METRICS.concurrency_limit_of(&upstream.name).set(i64::from(limit));
             limits.insert(upstream.name.clone(), limit);

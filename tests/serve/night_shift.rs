@@ -142,12 +142,12 @@ async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() 
 }
 
 /// A batch alone at a large server (128 places, steps that hardly slow), untuned with its
-/// load signal: its start overshoots into the server's queue, which is its own lines.
-/// The headroom learns the places from that queue and holds the batch to them, and the
-/// batch fills most of them. The gate, which makes room for users, stands aside while the
-/// batch is alone: reading the batch's own queue as users waiting, it halved the batch and
-/// regrew it at half a line a second (73 places held a step here, 108 with it aside; at a
-/// 256-place server the family bench measured 0.32-0.41 of the best fixed concurrency).
+/// load signal: it grows until the server queues, which shows the places, and then keeps
+/// them full, with a short queue of its own lines, as the server counts them. The gate,
+/// which makes room for users, stands aside while the batch is alone: reading the
+/// batch's own queue as users waiting, it halved the batch and regrew it at half a line a
+/// second (73 places held a step here). With it aside, but the throughput rule's knee
+/// holding the batch and this process's count of its lines, 108.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
     let server = SimConfig {
@@ -171,9 +171,9 @@ async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
     let stats = sim.stats();
     let held = stats.decoded.values().sum::<u64>() as f64 / stats.steps.max(1) as f64;
     eprintln!("[night shift] alone at 128 places: {held:.1} held a step, peak queue {}", stats.peak_waiting);
-    assert!(stats.peak_waiting > 0, "the start overshot into the server's queue, as it does");
-    // The ramp (8 to 128 in a few round trips) and the tail are in the average too.
-    assert!(held >= 85.0, "most of the 128 places, not half of them: {held:.1}");
+    assert!(stats.peak_waiting > 0, "the batch queued at the server, as it does to find its places");
+    // The ramp (8 to 128 in a few readings) and the tail are in the average too.
+    assert!(held >= 112.0, "nearly all of the 128 places: {held:.1}");
 }
 
 /// The adaptive limit a run of `serve` settles on is kept in its storage, and the next run
