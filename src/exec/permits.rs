@@ -78,29 +78,16 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
         loop {
             ticks.tick().await;
             let now = std::time::Instant::now();
-            // A batch alone at a server that says its places fills them, as the server
-            // counts, and the throughput rule's knee does not hold it below (the
-            // headroom's cap alone). Only the adaptive limit of `serve` is overruled: a
-            // worker pod keeps to its grant, and a fixed limit is the user's.
-            let filling = |caps: &LoadCaps, governor: &Governor| {
-                mode == Mode::Local
-                    && upstream.adaptive
-                    && caps.alone_with_room()
-                    && !governor.backed_off_within(now, OVERLOAD_RULES_FOR)
-            };
             let limit = match mode {
                 Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
-                Mode::Local if upstream.adaptive => {
-                    let overruled = filling(&caps, &governor);
-                    governor.look(Look {
-                        now,
-                        counts: upstream.observed.counts(),
-                        in_flight: limiter.in_flight(),
-                        ceiling: upstream.max_concurrency,
-                        crowded: caps.crowded(),
-                        overruled,
-                    })
-                }
+                Mode::Local if upstream.adaptive => governor.look(Look {
+                    now,
+                    counts: upstream.observed.counts(),
+                    in_flight: limiter.in_flight(),
+                    ceiling: upstream.max_concurrency,
+                    crowded: caps.crowded(),
+                    overruled: fills(mode, upstream, &caps, &governor, now),
+                }),
                 Mode::Local => upstream.max_concurrency,
             };
             if last_limit.replace(limit) != Some(limit) {
@@ -111,7 +98,7 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
             }
             caps.read_when_due(upstream, client, mode, limit).await;
             let target = match caps.cap() {
-                Some(cap) if filling(&caps, &governor) => cap.min(upstream.max_concurrency),
+                Some(cap) if fills(mode, upstream, &caps, &governor, now) => cap.min(upstream.max_concurrency),
                 cap => cap.map_or(limit, |cap| cap.min(limit)),
             };
             limit_gauge.set(i64::from(target));
@@ -122,6 +109,18 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
         () = limiter.apply() => {}
         () = looping => {}
     }
+}
+
+/// Whether the headroom's cap sets the batch's lines by itself, up to the ceiling: a batch
+/// alone at a server that says its places fills them, as the server counts, and the
+/// throughput rule's knee does not hold it below. Only the adaptive limit of `serve` is
+/// overruled (a worker pod keeps to its grant, and a fixed limit is the user's), and not
+/// for a while after overload cut it.
+fn fills(mode: Mode, upstream: &Upstream, caps: &LoadCaps, governor: &Governor, now: std::time::Instant) -> bool {
+    mode == Mode::Local
+        && upstream.adaptive
+        && caps.alone_with_room()
+        && !governor.backed_off_within(now, OVERLOAD_RULES_FOR)
 }
 
 /// The caps an upstream's load signal sets, and when to read it next.
