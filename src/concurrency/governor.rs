@@ -201,6 +201,14 @@ mod tests {
         }
     }
 
+    /// A governor settled over `ticks` ticks at a server batching 64, and the server.
+    fn settled(ticks: usize) -> (Server, Governor) {
+        let mut server = Server::new();
+        let mut governor = Governor::new(256);
+        server.settle(&mut governor, ticks, batching(64));
+        (server, governor)
+    }
+
     fn batching(batch: u32) -> impl Fn(u32) -> f64 {
         move |n| f64::from(n.min(batch)) * 20.0 / (1.0 + 0.01 * f64::from(n.min(batch)))
     }
@@ -217,9 +225,7 @@ mod tests {
 
     #[test]
     fn overload_cuts_at_once_but_one_burst_cuts_once() {
-        let mut server = Server::new();
-        let mut governor = Governor::new(256);
-        server.settle(&mut governor, 200, batching(64));
+        let (mut server, mut governor) = settled(200);
         let before = governor.limit();
         assert!(before >= 32, "{before}");
         let after = server.tick(&mut governor, 3, batching(64));
@@ -233,9 +239,7 @@ mod tests {
     /// leaves the limit where it was, instead of a step down every window it lasted.
     #[test]
     fn an_outage_in_which_nothing_finishes_leaves_the_limit_alone() {
-        let mut server = Server::new();
-        let mut governor = Governor::new(256);
-        server.settle(&mut governor, 600, batching(64));
+        let (mut server, mut governor) = settled(600);
         let before = governor.limit();
         let during: Vec<u32> = (0..6000).map(|_| server.tick(&mut governor, 0, |_| 0.0)).collect();
         assert!(during.iter().all(|limit| *limit == before), "held at {before}: {:?}", dedup(&during));
@@ -247,9 +251,7 @@ mod tests {
     /// still cuts it, and says so.
     #[test]
     fn overruled_looks_leave_the_limit_where_it_was_but_overload_still_cuts_it() {
-        let mut server = Server::new();
-        let mut governor = Governor::new(256);
-        server.settle(&mut governor, 600, batching(64));
+        let (mut server, mut governor) = settled(600);
         let before = governor.limit();
         // As many lines finish whatever the limit: a probe down would lose nothing.
         server.overruled = true;

@@ -138,8 +138,6 @@ struct LoadCaps {
     clear: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
-    /// The last reading said what the server runs, and no other traffic was there lately.
-    alone: bool,
     staleness: Staleness,
     next_read: tokio::time::Instant,
     warned: Option<tokio::time::Instant>,
@@ -158,7 +156,6 @@ impl LoadCaps {
             ran_at: None,
             clear: true,
             others: false,
-            alone: false,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
             warned: None,
@@ -184,9 +181,10 @@ impl LoadCaps {
         !self.clear || self.others
     }
 
-    /// Alone at the server, with its places known: the headroom's cap fills them.
+    /// Alone at the server, with its places known: the headroom's cap fills them. (A
+    /// room is known only from the last reading, and only where it said what runs.)
     fn alone_with_room(&self) -> bool {
-        self.alone && self.room.is_some()
+        self.room.is_some() && self.headroom.alone()
     }
 
     /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
@@ -229,7 +227,6 @@ impl LoadCaps {
         let runs_known = runs.is_some();
         let alone = runs_known && self.headroom.alone();
         self.others = runs_known && !alone;
-        self.alone = alone;
         if alone {
             self.gate = Gate::default();
         }
@@ -310,7 +307,6 @@ impl LoadCaps {
                         self.paced = None;
                         self.clear = true;
                         self.others = false;
-                        self.alone = false;
                         self.held.set(0);
                         return None;
                     }
