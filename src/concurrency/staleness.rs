@@ -1,5 +1,6 @@
-//! A load signal that has gone stale, to be set aside. Pure: each reading in, whether to
-//! believe it out.
+//! A load signal that has gone stale, to be set aside, and one that fails for a while.
+//! Pure: each reading in, whether to believe it out; each failure in, whether the last
+//! reading believed still holds.
 //!
 //! The design: docs/src/night-shift-design.md#staleness-a-signal-not-to-believe
 
@@ -11,6 +12,11 @@ pub const SAME_SAMPLE_AFTER: Duration = Duration::from_secs(10);
 pub const SAME_SAMPLE_LINES: u64 = 8;
 /// The longest a reading that does not change may hold a batch back.
 pub const MAX_HOLD: Duration = Duration::from_secs(60);
+/// How long what the last reading believed said holds through readings that fail (no
+/// answer in time, an error, an answer that makes no sense). A server too busy to
+/// answer its metrics in time is busy, not empty: released at the first failure, a batch
+/// held beside users would flood them while the server is slowest to answer.
+pub const FAILED_HOLD: Duration = Duration::from_secs(10);
 
 /// What one reading is, for the staleness rules.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,6 +37,8 @@ pub struct Staleness {
     same: Option<(u64, Instant, u64)>,
     /// The numbers of a reading that holds the batch, and since when they have.
     held: Option<([u64; 3], Instant)>,
+    /// The last reading believed.
+    believed: Option<Instant>,
 }
 
 /// Why a signal is set aside.
@@ -58,12 +66,22 @@ impl Staleness {
         if now.duration_since(since) >= SAME_SAMPLE_AFTER
             && sample.finished.saturating_sub(finished_then) >= SAME_SAMPLE_LINES
         {
+            self.believed = None;
             return Some(Stale::SameSample);
         }
         if held.is_some_and(|(_, since)| now.duration_since(since) >= MAX_HOLD) {
+            self.believed = None;
             return Some(Stale::FrozenHold);
         }
+        self.believed = Some(now);
         None
+    }
+
+    /// Whether a reading that failed at `now` leaves what the last reading believed said
+    /// in place: for [`FAILED_HOLD`] after it, and never without one (a signal that
+    /// never answered, or was set aside since, holds nothing).
+    pub fn holds_through_failure(&self, now: Instant) -> bool {
+        self.believed.is_some_and(|at| now.saturating_duration_since(at) < FAILED_HOLD)
     }
 }
 
@@ -127,5 +145,22 @@ mod tests {
         // A queue that moved at 30 s may hold until 90 s.
         let moved = run(90, |elapsed, n| sample(n, if elapsed < Duration::from_secs(30) { 5 } else { 6 }, true, 0));
         assert!(moved.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn failures_hold_the_last_reading_believed_for_a_while_and_nothing_without_one() {
+        let (mut staleness, start) = (Staleness::default(), Instant::now());
+        assert!(!staleness.holds_through_failure(start), "a signal that never answered holds nothing");
+        staleness.judge(start, sample(1, 3, true, 0));
+        assert!(staleness.holds_through_failure(start + Duration::from_secs(1)));
+        assert!(staleness.holds_through_failure(start + FAILED_HOLD - Duration::from_millis(1)));
+        assert!(!staleness.holds_through_failure(start + FAILED_HOLD), "held for {FAILED_HOLD:?} at most");
+        // A reading believed again starts the hold again; one set aside ends it.
+        let later = start + Duration::from_secs(30);
+        staleness.judge(later, sample(2, 3, true, 0));
+        assert!(staleness.holds_through_failure(later + Duration::from_secs(5)));
+        let frozen = later + MAX_HOLD;
+        assert_eq!(staleness.judge(frozen, sample(3, 3, true, 0)), Some(Stale::FrozenHold));
+        assert!(!staleness.holds_through_failure(frozen), "a signal set aside holds nothing");
     }
 }

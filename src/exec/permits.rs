@@ -165,7 +165,8 @@ impl LoadCaps {
     }
 
     /// A reading that failed or was set aside: counted every time, logged at most every
-    /// [`WARN_EVERY`]; batches go on, governed by throughput alone.
+    /// [`WARN_EVERY`]. Batches go on, governed by throughput alone: at once when it was
+    /// set aside, after [`crate::concurrency::staleness::FAILED_HOLD`] of failures.
     fn failed(&mut self, reason: &'static str, detail: &str) {
         METRICS.load_signal_failures_of(&self.upstream, reason).inc();
         if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
@@ -266,8 +267,10 @@ impl LoadCaps {
     }
 
     /// One reading of the signal: the pressure it shows and, where the server says what
-    /// it runs, what it holds; `None` once a stale reading has been set aside (nothing of
-    /// the signal holds then). A failed reading is clear, as without one.
+    /// it runs, what it holds. `None` once a stale reading has been set aside (nothing of
+    /// the signal holds then), and for a failed reading while what the last one believed
+    /// said still holds (`staleness::FAILED_HOLD`); past that a failed reading is clear,
+    /// as without one.
     async fn read(
         &mut self,
         upstream: &Upstream,
@@ -315,6 +318,10 @@ impl LoadCaps {
             Err(failure) => {
                 upstream.control.signal_stale.store(false, Ordering::Relaxed);
                 self.failed(failure.reason, &failure.detail);
+                // A server too busy to answer in time is busy, not empty: the caps stay.
+                if self.staleness.holds_through_failure(std::time::Instant::now()) {
+                    return None;
+                }
                 (Pressure::Clear, None)
             }
         };

@@ -56,14 +56,21 @@ fn sim_input(lines: usize, max_tokens: u32) -> Vec<u8> {
         .into_bytes()
 }
 
-/// A `/metrics` endpoint whose `vllm:num_requests_waiting` the test sets; `garbage`
-/// makes it answer something else entirely.
+/// A waiting count that makes [`signal`]'s endpoint stop answering.
+const SILENT: u64 = u64::MAX;
+
+/// A `/metrics` endpoint whose `vllm:num_requests_waiting` the test sets ([`SILENT`]:
+/// it accepts requests and never answers them); `garbage` makes it answer something
+/// else entirely.
 async fn signal(waiting: Arc<AtomicU64>, garbage: bool) -> String {
     let app = Router::new().route(
         "/metrics",
         get(move || {
             let waiting = waiting.load(Ordering::Relaxed);
             async move {
+                if waiting == SILENT {
+                    std::future::pending::<()>().await;
+                }
                 if garbage {
                     "<html>metrics moved</html>".to_owned()
                 } else {
@@ -235,8 +242,46 @@ async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_
     assert_eq!(metric(&serve, held).await, Some(0.0));
 }
 
-/// Load signals that fail, time out or answer garbage cost nothing but a warning
-/// metric: batches run on, governed by throughput alone.
+/// A signal that stops answering while users queue holds the batch a while: a server
+/// too busy to answer its metrics in time is not an empty one. Then the batch goes on
+/// without it, and the failures are counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_load_signal_that_stops_answering_while_users_queue_holds_the_batch_a_while() {
+    let upstream = MockUpstream::start().await;
+    let waiting = Arc::new(AtomicU64::new(3));
+    let signal = signal(waiting.clone(), false).await;
+    let dir = TempDir::new().unwrap();
+    let config = format!(
+        "upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    load_signal:\n      url: {signal}\n      every: 50ms\nbatches:\n  reconcile_interval: 100ms\n",
+        upstream.base_url
+    );
+    let (serve, client) = start(&dir, &config);
+    let held = "nightshift_upstream_dispatch_held{upstream=\"mock\"}";
+    common::cluster::eventually("dispatch held", 30, || async {
+        (metric(&serve, held).await == Some(1.0)).then_some(())
+    })
+    .await;
+    let batch = client.create(&client.upload(input(&ids("r", 20), "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
+    waiting.store(SILENT, Ordering::Relaxed);
+    // A reading times out after 800 ms here: some three fail in 3 s, well within the
+    // hold (`staleness::FAILED_HOLD`, 10 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let failures = "nightshift_load_signal_failures_total{upstream=\"mock\",reason=\"unreachable\"}";
+    assert!(metric(&serve, failures).await.unwrap_or(0.0) >= 1.0, "readings failed meanwhile");
+    assert_eq!(upstream.total_calls(), 0, "the queue last read holds the batch through the failures");
+    assert_eq!(metric(&serve, held).await, Some(1.0));
+    let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(
+        batch["request_counts"]["completed"], 20,
+        "past the hold, the batch goes on without the signal: {batch}"
+    );
+    assert_eq!(metric(&serve, held).await, Some(0.0));
+}
+
+/// Load signals that fail, time out or answer garbage from the start cost nothing but a
+/// warning metric: batches run on, governed by throughput alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_load_signal_that_fails_or_lies_never_stops_batches() {
     let upstream = MockUpstream::start().await;
