@@ -215,8 +215,21 @@ async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
     assert_eq!(resumed, Some(limit), "the next run starts where the last one settled");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_they_drain() {
+/// The gauge that says batch dispatch to the mock upstream is held.
+const HELD: &str = "nightshift_upstream_dispatch_held{upstream=\"mock\"}";
+
+/// A batch of 20 lines in progress at a mock upstream whose load signal says 3 requests
+/// wait (`waiting` sets it), held at no line sent.
+struct Held {
+    upstream: MockUpstream,
+    waiting: Arc<AtomicU64>,
+    serve: Serve,
+    client: Client,
+    id: String,
+    _dir: TempDir,
+}
+
+async fn held_at_a_queue() -> Held {
     let upstream = MockUpstream::start().await;
     let waiting = Arc::new(AtomicU64::new(3));
     let signal = signal(waiting.clone(), false).await;
@@ -226,20 +239,26 @@ async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_
         upstream.base_url
     );
     let (serve, client) = start(&dir, &config);
-    let held = "nightshift_upstream_dispatch_held{upstream=\"mock\"}";
     common::cluster::eventually("dispatch held", 30, || async {
-        (metric(&serve, held).await == Some(1.0)).then_some(())
+        (metric(&serve, HELD).await == Some(1.0)).then_some(())
     })
     .await;
     let batch = client.create(&client.upload(input(&ids("r", 20), "mock-a")).await).await;
     let id = batch["id"].as_str().unwrap().to_owned();
     client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
+    Held { upstream, waiting, serve, client, id, _dir: dir }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_they_drain() {
+    let Held { upstream, waiting, serve, client, id, _dir } = held_at_a_queue().await;
+
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(upstream.total_calls(), 0, "3 interactive requests wait at the server: no batch line is sent");
     waiting.store(0, Ordering::Relaxed);
     let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
-    assert_eq!(metric(&serve, held).await, Some(0.0));
+    assert_eq!(metric(&serve, HELD).await, Some(0.0));
 }
 
 /// A signal that stops answering while users queue holds the batch a while: a server
@@ -247,23 +266,8 @@ async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_
 /// without it, and the failures are counted.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_load_signal_that_stops_answering_while_users_queue_holds_the_batch_a_while() {
-    let upstream = MockUpstream::start().await;
-    let waiting = Arc::new(AtomicU64::new(3));
-    let signal = signal(waiting.clone(), false).await;
-    let dir = TempDir::new().unwrap();
-    let config = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    load_signal:\n      url: {signal}\n      every: 50ms\nbatches:\n  reconcile_interval: 100ms\n",
-        upstream.base_url
-    );
-    let (serve, client) = start(&dir, &config);
-    let held = "nightshift_upstream_dispatch_held{upstream=\"mock\"}";
-    common::cluster::eventually("dispatch held", 30, || async {
-        (metric(&serve, held).await == Some(1.0)).then_some(())
-    })
-    .await;
-    let batch = client.create(&client.upload(input(&ids("r", 20), "mock-a")).await).await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
+    let Held { upstream, waiting, serve, client, id, _dir } = held_at_a_queue().await;
+
     waiting.store(SILENT, Ordering::Relaxed);
     // A reading times out after 800 ms here: some three fail in 3 s, well within the
     // hold (`staleness::FAILED_HOLD`, 10 s).
@@ -271,13 +275,13 @@ async fn a_load_signal_that_stops_answering_while_users_queue_holds_the_batch_a_
     let failures = "nightshift_load_signal_failures_total{upstream=\"mock\",reason=\"unreachable\"}";
     assert!(metric(&serve, failures).await.unwrap_or(0.0) >= 1.0, "readings failed meanwhile");
     assert_eq!(upstream.total_calls(), 0, "the queue last read holds the batch through the failures");
-    assert_eq!(metric(&serve, held).await, Some(1.0));
+    assert_eq!(metric(&serve, HELD).await, Some(1.0));
     let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(
         batch["request_counts"]["completed"], 20,
         "past the hold, the batch goes on without the signal: {batch}"
     );
-    assert_eq!(metric(&serve, held).await, Some(0.0));
+    assert_eq!(metric(&serve, HELD).await, Some(0.0));
 }
 
 /// Load signals that fail, time out or answer garbage from the start cost nothing but a
