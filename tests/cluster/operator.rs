@@ -762,15 +762,17 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
 /// that decodes 8 sequences at a time keep its queue short; each pod with a quarter of
 /// the ceiling of 512 would queue hundreds of lines (504 at once). The peak is the start's
 /// (four pods' first doublings before the first readings agree), and it moves with the
-/// machine's load: 6 to 56 over seven runs on 2 cores, so the bound is a sixth of 504.
+/// machine's load: 6 to 56 over seven runs on 2 cores with the signal's address wrong (it
+/// answered 404), 4 and 7 with it read; the bound is a sixth of 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worker_pods() {
     let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
     let sim = Simulator::start(server).await;
     let upstream = format!(
         "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    max_concurrency: 512\n    \
-         load_signal: {{url: \"{url}/metrics\"}}\n",
-        url = sim.url
+         load_signal: {{url: \"{metrics}\"}}\n",
+        url = sim.url,
+        metrics = sim.metrics_url()
     );
     let setup =
         Setup { batches: "  max_running_shards: 4\n", upstreams: &upstream, ..Setup::new(400, Duration::ZERO, 16) };
@@ -798,6 +800,7 @@ async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worke
     let stats = sim.stats();
     eprintln!("[night shift] four pods: installation limit {limit}, peak queue at the server {}", stats.peak_waiting);
     assert_eq!(stats.finished.values().sum::<u64>(), 1600, "each line once: {stats:?}");
+    assert!(stats.metrics_reads.values().sum::<u64>() > 0, "the pods read the server's load signal: {stats:?}");
     assert!(stats.peak_waiting <= 84, "the installation's limit keeps the queue short: {}", stats.peak_waiting);
     assert!((4.0..=40.0).contains(&limit), "near the batch size of 8, not 512: {limit}");
 }
