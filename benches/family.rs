@@ -11,7 +11,8 @@
 //!
 //! For each member:
 //! 1. **Alone**: batch output tokens/s at fixed concurrencies around the server's size;
-//!    the best is the server's capacity. Then untuned: its share of the best.
+//!    the best is the server's capacity. Then untuned: its share of the best, and of the
+//!    best fixed concurrency run again beside it (each round runs it, then every build).
 //! 2. **Beside users** (Poisson, `USER_TOKENS` output tokens each, at a share of that
 //!    capacity): users' p99 with no batch; then fixed concurrencies beside the same
 //!    users, and the hindsight best: the largest share of the idle capacity that a fixed
@@ -33,7 +34,7 @@
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
 //! look at untuned beside users; `FAMILY_HINDSIGHT=1` still sweeps the hindsight beside
-//! them), `FAMILY_REPEATS` (untuned runs per build, each a cell: default 1).
+//! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell: default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -475,8 +476,10 @@ fn main() {
             }
         }
         println!("\n## Alone: untuned against the best fixed concurrency (batch output tokens/s)");
-        println!("| server | best fixed | build | untuned | untuned / best | ≥ 0.95 |");
-        println!("| --- | --- | --- | --- | --- | --- |");
+        println!(
+            "| server | best fixed (again, a run each round) | build | untuned | untuned / best | untuned / fixed again | ≥ 0.95 |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
         alone_rows.iter().for_each(|row| println!("{row}"));
         println!("\n## Beside users: users' p99 against theirs alone, and the batch's share of the idle capacity");
         println!(
@@ -488,13 +491,21 @@ fn main() {
 }
 
 /// A member alone: the best fixed concurrency, and each build's untuned against it, as
-/// rows. Returns the best's batch tokens/s (the server's capacity).
+/// rows. Returns the best's batch tokens/s (the server's capacity). Each round runs the
+/// best fixed concurrency again, then every build: a server whose pace drifts (llama-server
+/// on two shared cores gave one fixed concurrency 444 to 635 tokens/s in three bench
+/// runs) weighs on the runs of one round alike, and each is also given against the fixed
+/// run of its round.
 async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64 {
     let (best_n, best) = best_alone(member).await;
-    for build in builds {
-        let mut runs = Vec::new();
-        for _ in 0..repeats() {
-            let measure = secs("FAMILY_MEASURE_SECS", 15);
+    let measure = secs("FAMILY_MEASURE_SECS", 15);
+    let mut again = Vec::new();
+    let mut runs = vec![Vec::new(); builds.len()];
+    for _ in 0..repeats() {
+        let fixed = run(&member.kind, Some((Batch::Fixed(best_n), &serve::binary())), None, measure).await;
+        eprintln!("  {}: alone, fixed {best_n} again: {:.0} tokens/s{}", member.name, fixed.batch, preempted(&fixed));
+        again.push(fixed.batch);
+        for (build, runs) in builds.iter().zip(&mut runs) {
             let outcome = run(&member.kind, Some((Batch::Untuned, &build.binary)), None, measure).await;
             eprintln!(
                 "  {}: alone, untuned ({}): {:.0} tokens/s{}",
@@ -505,13 +516,18 @@ async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64
             );
             runs.push(outcome.batch);
         }
+    }
+    for (build, runs) in builds.iter().zip(&runs) {
+        let beside: Vec<f64> = runs.iter().zip(&again).map(|(run, fixed)| run / fixed.max(1.0)).collect();
         rows.push(format!(
-            "| {} | fixed {best_n}: {best:.0} | {} | {} | {} | {} |",
+            "| {} | fixed {best_n}: {best:.0} (again: {}) | {} | {} | {} | {} | {} |",
             member.name,
+            cells(&again, |run| format!("{run:.0}")),
             build.name,
-            cells(&runs, |run| format!("{run:.0}")),
-            cells(&runs, |run| format!("{:.2}", run / best)),
-            cells(&runs, |run| verdict(run / best >= 0.95).to_owned())
+            cells(runs, |run| format!("{run:.0}")),
+            cells(runs, |run| format!("{:.2}", run / best)),
+            cells(&beside, |ratio| format!("{ratio:.2}")),
+            cells(runs, |run| verdict(run / best >= 0.95).to_owned())
         ));
     }
     best

@@ -19,7 +19,8 @@ pub const DIP: Duration = Duration::from_millis(250);
 /// [`RESERVE_OVER`].
 pub const CACHE_TARGET: f64 = 0.9;
 /// Alone, the batch keeps this share of the server's places queued there (a line at
-/// least): a place freed mid-step is filled at the next one, not a round trip later. A
+/// least), where that pays ([`super::queue`] tries both): a place freed mid-step is filled
+/// at the next one, not a round trip later. A
 /// quarter, not an eighth or a half: at the family's 64-seq KV-bound simulator, whose
 /// preemptions come in cycles, both settled at 0.94 of the best fixed concurrency, a
 /// quarter at 0.98.
@@ -68,6 +69,8 @@ pub struct Headroom {
     /// The sequences that would fill the KV cache at each reading's mix (what runs over
     /// the share of the cache in use), over the last [`RESERVE_OVER`].
     fills: VecDeque<(Instant, f64)>,
+    /// Alone, no queue is kept: it costs this server ([`super::queue`]).
+    unqueued: bool,
 }
 
 impl Headroom {
@@ -77,6 +80,12 @@ impl Headroom {
             return 0.0;
         }
         self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
+    }
+
+    /// Whether a batch alone keeps [`QUEUE_ALONE`] queued at the server (it does unless
+    /// told otherwise).
+    pub fn keep_queue(&mut self, queue: bool) {
+        self.unqueued = !queue;
     }
 
     /// No reading saw other traffic over the last [`RESERVE_OVER`].
@@ -142,7 +151,8 @@ impl Headroom {
         let free = if self.alone {
             // The server's own count of the batch's lines: a line on its way back holds
             // no place there, and a short queue fills a place the step it is freed.
-            places + (QUEUE_ALONE * places).max(1.0) - occupancy.running - occupancy.waiting
+            let queue = if self.unqueued { 0.0 } else { (QUEUE_ALONE * places).max(1.0) };
+            places + queue - occupancy.running - occupancy.waiting
         } else {
             places - f64::from(occupancy.ours) - level - self.reserve()
         };
@@ -273,6 +283,10 @@ mod tests {
         // Over-full (lines sent on answers heard since the last reading): none until the
         // queue is back to 4.
         assert_eq!(headroom.read(at(start, 300), occupancy(16.0, 7.0, 23), 1.0), Some(20.0));
+        // Where a queue costs the server: its places and no more.
+        headroom.keep_queue(false);
+        assert_eq!(headroom.read(at(start, 400), reading, 1.0), Some(16.0 + 6.0));
+        assert_eq!(headroom.read(at(start, 500), occupancy(16.0, 4.0, 20), 1.0), Some(16.0));
     }
 
     #[test]

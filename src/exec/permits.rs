@@ -21,6 +21,7 @@ use crate::concurrency::delay::{self, Delay};
 use crate::concurrency::gate::{Gate, Pressure};
 use crate::concurrency::governor::{Governor, Look};
 use crate::concurrency::headroom::{self, Headroom, Occupancy};
+use crate::concurrency::queue::QueueChoice;
 use crate::concurrency::signals;
 use crate::concurrency::staleness::{Sample, Stale, Staleness};
 use crate::metrics::METRICS;
@@ -96,7 +97,8 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
             if let Some(memory) = memory.as_mut().filter(|_| governor.has_measured()) {
                 memory.keep(governor.limit(), now).await;
             }
-            caps.read_when_due(upstream, client, mode, limit).await;
+            let filling = fills(mode, upstream, &caps, &governor, now);
+            caps.read_when_due(upstream, client, mode, limit, filling).await;
             let target = match caps.cap() {
                 Some(cap) if fills(mode, upstream, &caps, &governor, now) => cap.min(upstream.max_concurrency),
                 cap => cap.map_or(limit, |cap| cap.min(limit)),
@@ -127,6 +129,8 @@ fn fills(mode: Mode, upstream: &Upstream, caps: &LoadCaps, governor: &Governor, 
 struct LoadCaps {
     gate: Gate,
     headroom: Headroom,
+    /// Whether the headroom keeps a queue of the batch's lines alone: tried and chosen.
+    queue: QueueChoice,
     /// The headroom's cap as of the last reading (none once a reading fails).
     room: Option<u32>,
     delay: Delay,
@@ -150,6 +154,7 @@ impl LoadCaps {
         Self {
             gate: Gate::default(),
             headroom: Headroom::default(),
+            queue: QueueChoice::default(),
             room: None,
             delay: Delay::default(),
             paced: None,
@@ -196,8 +201,15 @@ impl LoadCaps {
     }
 
     /// Reads the upstream's load signal, if it has one and a reading is due, and sets the
-    /// caps from it.
-    async fn read_when_due(&mut self, upstream: &Upstream, client: &reqwest::Client, mode: Mode, limit: u32) {
+    /// caps from it (`filling`: the headroom's cap alone sets the batch's lines now).
+    async fn read_when_due(
+        &mut self,
+        upstream: &Upstream,
+        client: &reqwest::Client,
+        mode: Mode,
+        limit: u32,
+        filling: bool,
+    ) {
         let Some(signal) = &upstream.load_signal else { return };
         if tokio::time::Instant::now() < self.next_read {
             return;
@@ -216,6 +228,7 @@ impl LoadCaps {
         let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
         let ours = had.saturating_add(sent_meanwhile);
         let part = share(mode, upstream);
+        self.choose_queue(upstream, now, filling);
         self.room = runs
             .and_then(|Runs { running, waiting, kv_cache_usage }| {
                 let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage };
@@ -264,6 +277,18 @@ impl LoadCaps {
         );
         self.clear = pressure == Pressure::Clear;
         self.held.set(i64::from(!self.clear));
+    }
+
+    /// Whether the headroom keeps a queue of the batch's lines alone: as tried at this
+    /// server ([`crate::concurrency::queue`]).
+    fn choose_queue(&mut self, upstream: &Upstream, now: std::time::Instant, filling: bool) {
+        if let Some(chosen) = self.queue.look(now, upstream.observed.counts(), filling) {
+            tracing::debug!(
+                upstream = %upstream.name, queue = chosen.queue, without = chosen.rates[0], with = chosen.rates[1],
+                "tried the batch alone with a queue at the server and without"
+            );
+        }
+        self.headroom.keep_queue(self.queue.queue());
     }
 
     /// One reading of the signal: the pressure it shows and, where the server says what

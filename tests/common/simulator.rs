@@ -5,7 +5,8 @@
 //! The model (one engine loop, in real time):
 //! - **Continuous batching.** Requests wait in a queue and join the running batch between
 //!   steps, up to `max_batch` sequences (vLLM's `max_num_seqs`).
-//! - **Step time grows with the batch**: `step_base + step_per_seq × running`. Each step
+//! - **Step time grows with the batch**: `step_base + step_per_seq × running` (and
+//!   `step_per_waiting` for each request queued, for a server whose queue costs it). Each step
 //!   gives every running sequence one output token; a sequence finishes after its
 //!   `max_tokens` (or `max_completion_tokens`, else `default_max_tokens`) tokens.
 //! - **KV-cache capacity.** A sequence holds its prompt's tokens (content length / 4) plus
@@ -50,6 +51,9 @@ pub struct SimConfig {
     pub step_base: Duration,
     /// What each running sequence adds to a step.
     pub step_per_seq: Duration,
+    /// What each waiting request adds to a step: a server that pays for its queue every
+    /// step (none by default).
+    pub step_per_waiting: Duration,
     /// Output tokens of a request that does not say.
     pub default_max_tokens: u32,
     /// Order the queue by `priority` (vLLM's priority scheduling policy).
@@ -66,6 +70,7 @@ impl Default for SimConfig {
             kv_capacity: 24_000,
             step_base: Duration::from_millis(5),
             step_per_seq: Duration::from_micros(40),
+            step_per_waiting: Duration::ZERO,
             default_max_tokens: 32,
             priority_scheduling: false,
         }
@@ -287,17 +292,17 @@ async fn run(shared: Arc<Shared>) {
     let config = &shared.config;
     let mut next = Instant::now();
     loop {
-        let running = {
+        let (running, waiting) = {
             let mut engine = shared.engine.lock().expect("engine");
             engine.schedule(config);
-            engine.running.len()
+            (engine.running.len(), engine.waiting.len())
         };
         if running == 0 {
             shared.arrived.notified().await;
             next = Instant::now();
             continue;
         }
-        next += config.step(running);
+        next += config.step(running) + config.step_per_waiting * u32::try_from(waiting).unwrap_or(u32::MAX);
         tokio::time::sleep_until(next.into()).await;
         let mut engine = shared.engine.lock().expect("engine");
         engine.step(config);

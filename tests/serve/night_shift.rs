@@ -183,6 +183,56 @@ async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
     assert!(held >= 112.0, "nearly all of the 128 places: {held:.1}");
 }
 
+/// A batch alone at a server whose queue costs it (each request waiting slows every step
+/// as much as the step itself takes: a queue of a quarter of its 16 places makes a step
+/// five times as long) tries its lines with a queue there and without, and keeps none.
+/// Over the last third of the batch 0.75–1.74 requests waited on average (a line sent on
+/// an answer not yet heard queues a moment); with the queue kept regardless, 4.65, and
+/// the batch took 94 s instead of some 30.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_alone_at_a_server_that_a_queue_slows_keeps_none_there() {
+    let server = SimConfig {
+        max_batch: 16,
+        step_base: Duration::from_millis(5),
+        step_per_seq: Duration::ZERO,
+        step_per_waiting: Duration::from_millis(5),
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(server).await;
+    let dir = TempDir::new().unwrap();
+    let upstream = format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 256\n    load_signal: {{url: \"{}\"}}\nbatches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
+        sim.url,
+        sim.metrics_url()
+    );
+    let (_serve, client) = start(&dir, &upstream);
+    let lines = 4000;
+    let batch = client.create(&client.upload(sim_input(lines, 16)).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    // The queue at the server, sampled while the batch runs.
+    let mut queued = Vec::new();
+    while !["completed", "failed", "expired", "cancelled"]
+        .contains(&client.batch(&id).await["status"].as_str().unwrap())
+    {
+        for _ in 0..10 {
+            queued.push(sim.load().1 as f64);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(queued.len() < 1200, "the batch completes within two minutes");
+    }
+    assert_eq!(client.batch(&id).await["request_counts"]["completed"], lines);
+    assert_eq!(sim.stats().finished.values().sum::<u64>(), lines as u64, "each line once");
+    // The trial (four windows of some 3 s each) is over before the last third.
+    let last = &queued[queued.len() * 2 / 3..];
+    let mean = last.iter().sum::<f64>() / last.len().max(1) as f64;
+    eprintln!(
+        "[night shift] alone at a server that a queue slows: {mean:.2} queued over the last third ({} samples)",
+        last.len()
+    );
+    assert!(last.len() >= 20, "the batch ran long enough to try both: {} samples", queued.len());
+    assert!(mean < 2.5, "no queue kept at the server once tried: {mean:.2} waiting on average");
+}
+
 /// The adaptive limit a run of `serve` settles on is kept in its storage, and the next run
 /// starts from it instead of doubling up from 8 again (a batch of a few thousand lines
 /// would spend its life climbing).
