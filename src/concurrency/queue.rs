@@ -1,8 +1,9 @@
 //! Whether a batch alone at a server keeps a short queue of its own lines there
 //! ([`super::headroom::QUEUE_ALONE`]), learned per server by trying both. A queue fills a
 //! place the step it is freed: the simulated servers gained 0.02–0.13 of their throughput
-//! from it. At llama-server with 2 slots it cost up to half. Which one a server is cannot
-//! be told from its metrics, so the batch measures: windows with the queue and without,
+//! from it. At llama-server with 2 slots it cost up to half in one day's runs and gained
+//! 10–20% in another's; a server whose every waiting request slows its steps loses by
+//! it. Which one a server is cannot be told from its metrics, so the batch measures: windows with the queue and without,
 //! in the order with, without, without, with (a drift of the server's pace over the
 //! trial weighs on both alike), then the better for [`KEEP_FOR`], then a trial again.
 //! Pure: the caller passes the time, its finished counts and whether the server's count
