@@ -7,9 +7,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::signals::TokenTime;
+
 /// A sample is the lines that finished over at least this long…
 pub const SAMPLE: Duration = Duration::from_millis(500);
 /// … and at least this many of them (a sample of fewer waits, up to [`LONGEST_SAMPLE`]).
+/// Where the server says its own time a token, a sample is of every sequence it ran, and
+/// needs no line of the batch's: any token the server counted over at least [`SAMPLE`].
 pub const SAMPLE_LINES: u64 = 4;
 pub const LONGEST_SAMPLE: Duration = Duration::from_secs(10);
 /// The users' time per token may reach this times their pace alone, beside the batch.
@@ -21,8 +25,15 @@ const FIT_LEAST: usize = 6;
 /// … spread over sequences with at least this variance…
 const FIT_SPREAD: f64 = 0.25;
 /// … which explains at least this share of the pace's (R²): where steps hardly slow
-/// with their sequences, noise is most of what varies.
+/// with their sequences, noise is most of what varies…
 const FIT_EXPLAINS: f64 = 0.5;
+/// … or gives a slope this many of its standard errors from none (Student's t): a real
+/// server's pace drifts with the machine's other work, and over many samples a slope
+/// that explains a fifth of it is still no accident. (llama-server with the small model
+/// beside users: R² 0.1–0.45 over its first 40 samples, the slope the same 4–6 ms a
+/// sequence throughout.) A slope so slight that noise is most of the pace leaves more
+/// room than the server has places.
+const FIT_T: f64 = 3.0;
 /// Beside other traffic and with no fit, the batch steps down to half its lines for this
 /// many samples, once in [`FIT_SAMPLES`]: a steady batch's samples all saw about as many
 /// sequences, and on a loaded machine their noise hides a slope that is there.
@@ -60,6 +71,9 @@ pub struct Look {
     /// count as other traffic here, and a pace learned by a step down, or kept past
     /// what the samples say, would hold the batch for its own lines. Neither, then.
     pub shared: bool,
+    /// The server's own time a token, where it says: the pace without the queue's wait,
+    /// so a sample counts beside a queue too.
+    pub token_time: Option<TokenTime>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -92,7 +106,10 @@ enum Fit {
 struct Open {
     started: Instant,
     at_start: Timing,
+    token_time_at_start: Option<TokenTime>,
     readings: u32,
+    /// Σ over its readings of the requests the server ran, and of the others' part.
+    running: f64,
     others: f64,
     /// A reading saw requests wait: the lines' time includes the wait, not only steps.
     queued: bool,
@@ -172,34 +189,65 @@ impl Delay {
     /// The open sample's average sequences at the server, other traffic's part of them
     /// and time per token, when it is complete (and a new one opens).
     fn sampled(&mut self, now: Instant, look: Look) -> Option<(f64, f64, f64)> {
-        let fresh = Open { started: now, at_start: look.timing, readings: 0, others: 0.0, queued: false };
+        let fresh = Open {
+            started: now,
+            at_start: look.timing,
+            token_time_at_start: look.token_time,
+            readings: 0,
+            running: 0.0,
+            others: 0.0,
+            queued: false,
+        };
         let open = self.open.get_or_insert(fresh);
         let (timing, at_start) = (look.timing, open.at_start);
-        if timing.lines < at_start.lines
+        let went_back = timing.lines < at_start.lines
             || timing.tokens < at_start.tokens
             || timing.micros < at_start.micros
-            || timing.load < at_start.load
-        {
+            || timing.load < at_start.load;
+        // The server's own time a token came or went, or its counts went back (a restart).
+        let server_changed = match (look.token_time, open.token_time_at_start) {
+            (Some(now), Some(start)) => now.tokens < start.tokens || now.seconds < start.seconds,
+            (now, start) => now.is_some() != start.is_some(),
+        };
+        if went_back || server_changed {
             self.open = Some(fresh);
             return None;
         }
         open.readings += 1;
+        open.running += look.running;
         open.others += (look.running - f64::from(look.ours)).max(0.0);
         open.queued |= look.waiting > 0.0;
-        let lines = timing.lines - at_start.lines;
         let elapsed = now.saturating_duration_since(open.started);
-        let complete = elapsed >= SAMPLE && (lines >= SAMPLE_LINES || (elapsed >= LONGEST_SAMPLE && lines > 0));
-        if !complete {
+        if elapsed < SAMPLE {
+            return None;
+        }
+        if let (Some(token_time), Some(start)) = (look.token_time, open.token_time_at_start) {
+            return Self::server_sample(open, token_time.since(start), elapsed, fresh);
+        }
+        let lines = timing.lines - at_start.lines;
+        if lines < SAMPLE_LINES && (elapsed < LONGEST_SAMPLE || lines == 0) {
             return None;
         }
         let closed = std::mem::replace(open, fresh);
         let tokens = timing.tokens - at_start.tokens;
-        let readings = f64::from(closed.readings);
         (tokens > 0 && !closed.queued).then(|| {
             let per_token = (timing.micros - at_start.micros) as f64 / tokens as f64;
             let running = (timing.load - at_start.load) as f64 / 1000.0 / tokens as f64;
-            (running, closed.others / readings, per_token)
+            (running, closed.others / f64::from(closed.readings), per_token)
         })
+    }
+
+    /// A sample of the server's own time a token (`seconds` a token since it opened, if
+    /// any token came): over every sequence the server ran, so beside the readings'
+    /// average of them, the batch's lines or not. A sample no token ends is dropped after
+    /// [`LONGEST_SAMPLE`].
+    fn server_sample(open: &mut Open, seconds: Option<f64>, elapsed: Duration, fresh: Open) -> Option<(f64, f64, f64)> {
+        if seconds.is_none() && elapsed < LONGEST_SAMPLE {
+            return None;
+        }
+        let closed = std::mem::replace(open, fresh);
+        let readings = f64::from(closed.readings);
+        seconds.map(|seconds| (closed.running / readings, closed.others / readings, seconds * 1e6))
     }
 }
 
@@ -219,10 +267,16 @@ fn fit(samples: &VecDeque<(f64, f64)>) -> Fit {
     let cov = samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
     let var_y = samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
     let explained = cov * cov / (var_x * var_y);
+    // t² of the slope: R² (n − 2) / (1 − R²).
+    let t_squared = if explained < 1.0 { explained * (n - 2.0) / (1.0 - explained) } else { f64::INFINITY };
     let per_sequence = cov / var_x;
     // A fixed part under nothing is noise's: a step of no sequences takes no time.
     let fixed = (mean_y - per_sequence * mean_x).max(0.0);
-    if per_sequence > 0.0 && explained >= FIT_EXPLAINS { Fit::Pace(Pace { fixed, per_sequence }) } else { Fit::Flat }
+    if per_sequence > 0.0 && (explained >= FIT_EXPLAINS || t_squared >= FIT_T * FIT_T) {
+        Fit::Pace(Pace { fixed, per_sequence })
+    } else {
+        Fit::Flat
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +298,11 @@ mod tests {
         timing: Timing,
         tokens: f64,
         readings: usize,
+        /// Requests wait at the server at every reading (users queue), each adding a
+        /// step's time to a line's.
+        waiting: f64,
+        /// The server's own time a token, if it says it.
+        token_time: Option<TokenTime>,
     }
 
     impl Server {
@@ -257,6 +316,8 @@ mod tests {
                 timing: Timing::default(),
                 tokens: 0.0,
                 readings: 0,
+                waiting: 0.0,
+                token_time: None,
             }
         }
 
@@ -276,7 +337,12 @@ mod tests {
             let step_ms = self.step_ms(users, in_flight);
             let tokens = f64::from(in_flight) * READING.as_secs_f64() * 1000.0 / step_ms;
             self.tokens += tokens;
-            self.timing.micros += (tokens * step_ms * 1000.0) as u64;
+            self.timing.micros += (tokens * step_ms * (1.0 + self.waiting) * 1000.0) as u64;
+            if let Some(time) = &mut self.token_time {
+                let all = f64::from(users + in_flight) * READING.as_secs_f64() * 1000.0 / step_ms;
+                time.seconds += all * step_ms / 1000.0;
+                time.tokens += all;
+            }
             self.timing.load += (tokens * f64::from(users + in_flight) * 1000.0) as u64;
             self.timing.tokens = self.tokens as u64;
             self.timing.lines = self.timing.tokens / 32;
@@ -284,11 +350,12 @@ mod tests {
             let look = Look {
                 timing: self.timing,
                 running: f64::from(users + in_flight),
-                waiting: 0.0,
+                waiting: self.waiting,
                 ours: in_flight,
                 in_flight,
                 others: users > 0,
                 shared: false,
+                token_time: self.token_time,
             };
             self.delay.read(self.now, look, LIMIT)
         }
@@ -315,6 +382,54 @@ mod tests {
             assert!(slowed <= TARGET + 1e-9 || held == 1, "{fixed} + {per_sequence}: {held} lines, {slowed}×");
             assert!(f64::from(held) >= room.floor().min(f64::from(LIMIT)) - 1.0, "{held} lines for a room of {room}");
         }
+    }
+
+    #[test]
+    fn beside_a_queue_the_pace_is_the_servers_own_time_a_token() {
+        // Users queue at every reading: the lines' own time has the wait in it.
+        let mut server = Server::new(2.0, 2.0, &[2, 3, 4, 3]);
+        server.waiting = 1.0;
+        server.settle(60);
+        assert!(server.delay.samples.is_empty() && server.delay.pace().is_none(), "{:?}", server.delay.samples);
+        // Where the server says its time a token, that is the pace, queue or not.
+        let mut server = Server::new(2.0, 2.0, &[2, 3, 4, 3]);
+        server.waiting = 1.0;
+        server.token_time = Some(TokenTime { seconds: 0.0, tokens: 0.0 });
+        server.settle(60);
+        let pace = server.delay.pace().expect("a fit");
+        assert!((pace.fixed / 2000.0 - 1.0).abs() < 0.1 && (pace.per_sequence / 2000.0 - 1.0).abs() < 0.02, "{pace:?}");
+        let held = server.in_flight();
+        assert!(server.step_ms(3, held) / server.step_ms(3, 0) <= TARGET + 1e-9 || held == 1, "{held} lines");
+    }
+
+    #[test]
+    fn a_slope_many_samples_agree_on_is_a_pace_though_noise_is_most_of_the_pace() {
+        // 2 ms + 2 ms a sequence over 1 to 4 sequences, and noise of up to ±6 ms that
+        // has nothing to do with them.
+        let samples = |n: usize| -> VecDeque<(f64, f64)> {
+            (0..n)
+                .map(|i| {
+                    let sequences = 1.0 + (i % 4) as f64;
+                    let noise = ((i * 7919 + i / 4 * 104_729) % 13) as f64 - 6.0;
+                    (sequences, 1000.0 * (2.0 + 2.0 * sequences + noise))
+                })
+                .collect()
+        };
+        let r_squared = |samples: &VecDeque<(f64, f64)>| {
+            let n = samples.len() as f64;
+            let (mean_x, mean_y) =
+                (samples.iter().map(|s| s.0).sum::<f64>() / n, samples.iter().map(|s| s.1).sum::<f64>() / n);
+            let cov = samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>();
+            let var_x = samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>();
+            let var_y = samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>();
+            cov * cov / (var_x * var_y)
+        };
+        let many = samples(80);
+        assert!(r_squared(&many) < FIT_EXPLAINS, "noise is most of it: R² {}", r_squared(&many));
+        let Fit::Pace(pace) = fit(&many) else { panic!("a pace: {:?}", fit(&many)) };
+        assert!((pace.per_sequence / 2000.0 - 1.0).abs() < 0.3, "{pace:?}");
+        // Eight such samples could be an accident.
+        assert_eq!(fit(&samples(8)), Fit::Flat);
     }
 
     #[test]
@@ -367,6 +482,7 @@ mod tests {
             in_flight: 11,
             others: true,
             shared: false,
+            token_time: None,
         };
         feed.delay.read(feed.now, opening, LIMIT);
         let caps: Vec<_> = (0..2 * FIT_SAMPLES).map(|_| feed.sample(14.0, 11, LIMIT)).collect();
@@ -406,6 +522,7 @@ mod tests {
                 in_flight,
                 others: true,
                 shared: self.shared,
+                token_time: None,
             };
             self.delay.read(self.now, look, limit)
         }
@@ -423,6 +540,7 @@ mod tests {
             in_flight: 10,
             others: true,
             shared: false,
+            token_time: None,
         };
         feed.delay.read(feed.now, opening, LIMIT);
         // One user: alone 4 ms a token, room for 0.2 × 4 / 2 = 0.4 of a line.
@@ -452,6 +570,7 @@ mod tests {
             in_flight: 1,
             others: true,
             shared: false,
+            token_time: None,
         };
         feed.delay.read(feed.now, look(Timing::default(), 4.0, 0.0), LIMIT);
         for n in 0..20_u64 {

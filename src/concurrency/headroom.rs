@@ -25,13 +25,14 @@ pub const CACHE_TARGET: f64 = 0.9;
 /// preemptions come in cycles, both settled at 0.94 of the best fixed concurrency, a
 /// quarter at 0.98.
 pub const QUEUE_ALONE: f64 = 0.25;
-/// Alone, before the server has queued anything, the cap grows by this times the lines
-/// in flight that the server counts, less one (from the throughput rule's start at
-/// least): a server that runs all it is sent has room for more, and with nobody else
+/// Alone, before the server has queued anything, the cap is this times the lines in
+/// flight that the server counts (the lines in flight, and the throughput rule's start,
+/// at least): a server that runs all it is sent has room for more, and with nobody else
 /// there an overshoot costs a short queue of the batch's own lines, which shows the
-/// places. Lines it has not counted yet add nothing: llama-server's count lags its
-/// requests, and a cap grown on what was sent, every reading, had 18 lines at 4 slots
-/// before the server counted 8.
+/// places. Lines it has not counted yet are kept and add nothing: llama-server's count
+/// lags its requests. A cap grown on what was sent, every reading, had 18 lines at 4
+/// slots before the server counted 8; one grown by half the lines counted on top of
+/// those in flight still climbed a line a reading while it counted 2, to 12.
 pub const GROWTH_ALONE: f64 = 1.5;
 
 /// One reading of the server, with this process's batch requests.
@@ -149,7 +150,7 @@ impl Headroom {
         }
         let Some(places) = self.bounded_places() else {
             let counted = (occupancy.running + occupancy.waiting).min(f64::from(occupancy.ours));
-            let grown = f64::from(occupancy.in_flight) + (GROWTH_ALONE - 1.0) * counted;
+            let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
             return self.alone.then_some(grown.max(f64::from(rule::INITIAL)));
         };
         let free = if self.alone {
@@ -262,9 +263,12 @@ mod tests {
         let mut headroom = Headroom::default();
         assert_eq!(headroom.read(at(start, 0), occupancy(0.0, 0.0, 0), 1.0), Some(8.0), "the rule's start");
         assert_eq!(headroom.read(at(start, 100), occupancy(8.0, 0.0, 8), 1.0), Some(12.0));
-        // Lines on their way in are kept, but add nothing until the server counts them.
-        assert_eq!(headroom.read(at(start, 200), occupancy(9.0, 0.0, 12), 1.0), Some(16.5));
-        assert_eq!(headroom.read(at(start, 250), occupancy(1.0, 0.0, 16), 1.0), Some(16.5));
+        // Lines on their way in are kept, but add nothing until the server counts them,
+        // however many readings it takes.
+        assert_eq!(headroom.read(at(start, 200), occupancy(9.0, 0.0, 12), 1.0), Some(13.5));
+        assert_eq!(headroom.read(at(start, 250), occupancy(1.0, 0.0, 13), 1.0), Some(13.0));
+        assert_eq!(headroom.read(at(start, 260), occupancy(1.0, 0.0, 13), 1.0), Some(13.0));
+        assert_eq!(headroom.read(at(start, 270), occupancy(12.0, 0.0, 13), 1.0), Some(18.0));
         // It queues 2 of 18: 16 places, and 4 (a quarter of them) to queue.
         assert_eq!(headroom.read(at(start, 300), occupancy(16.0, 2.0, 18), 1.0), Some(20.0));
         // Someone else, before the server ever queued: nothing is known to go by.

@@ -59,6 +59,33 @@ impl ServerKind {
         }
     }
 
+    /// Where the server says how long its sequences take a token: (seconds, tokens), a
+    /// histogram's sum and count or two counters; of several pairs, the first present.
+    /// Unlike a line's own time, it leaves out the time a request waited in the queue.
+    fn token_time(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            // Newer vLLM releases name the histogram for the inter-token latency.
+            Self::Vllm => &[
+                ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"),
+                ("vllm:time_per_output_token_seconds_sum", "vllm:time_per_output_token_seconds_count"),
+            ],
+            Self::Sglang => &[
+                ("sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count"),
+                ("sglang:time_per_output_token_seconds_sum", "sglang:time_per_output_token_seconds_count"),
+            ],
+            // Each slot's generation time, summed as requests finish.
+            Self::Llamacpp => &[("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total")],
+            // A request's mean time per token, once a request.
+            Self::Trtllm => {
+                &[("trtllm_time_per_output_token_seconds_sum", "trtllm_time_per_output_token_seconds_count")]
+            }
+            Self::Dynamo => &[(
+                "dynamo_frontend_inter_token_latency_seconds_sum",
+                "dynamo_frontend_inter_token_latency_seconds_count",
+            )],
+        }
+    }
+
     /// Whether its running metric counts the waiting requests too.
     fn running_counts_waiting(self) -> bool {
         self == Self::Dynamo
@@ -156,6 +183,25 @@ pub struct Reading {
     pub kv_cache_usage: Option<f64>,
     /// Requests running, over every series, when the server reports them.
     pub running: Option<f64>,
+    /// The time its sequences took a token so far, where the server says.
+    pub token_time: Option<TokenTime>,
+}
+
+/// A server's own count of the time its sequences took a token (cumulative, over every
+/// series): the time of a step as its sequences saw it, without any wait in the queue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenTime {
+    pub seconds: f64,
+    pub tokens: f64,
+}
+
+impl TokenTime {
+    /// Seconds a token over what came between `earlier` and this (`None`: no token, or
+    /// counts that went back, as after a restart).
+    pub fn since(self, earlier: Self) -> Option<f64> {
+        let (seconds, tokens) = (self.seconds - earlier.seconds, self.tokens - earlier.tokens);
+        (tokens > 0.0 && seconds >= 0.0).then(|| seconds / tokens)
+    }
 }
 
 impl Reading {
@@ -196,7 +242,18 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
     {
         return Err(format!("KV-cache usage is {usage}, not a share"));
     }
-    Ok(Reading { waiting, kv_cache_usage, running })
+    Ok(Reading { waiting, kv_cache_usage, running, token_time: token_time(text, config.server) })
+}
+
+/// The server's own time a token, if it says; numbers that make no sense count as not
+/// said (the time a token only informs the delay; the wait decides the pressure).
+fn token_time(text: &str, server: ServerKind) -> Option<TokenTime> {
+    server.token_time().iter().find_map(|(seconds, tokens)| {
+        let seconds = fold(text, seconds, |a, b| a + b)?.ok()?;
+        let tokens = fold(text, tokens, |a, b| a + b)?.ok()?;
+        let sane = |value: f64| value.is_finite() && value >= 0.0;
+        (sane(seconds) && sane(tokens)).then_some(TokenTime { seconds, tokens })
+    })
 }
 
 /// The values of every series of `name` (`None`: no series).
@@ -283,18 +340,27 @@ mod tests {
     #[test]
     fn readings_of_vllm_sglang_and_named_metrics() {
         let vllm = config("url: http://vllm:8000/metrics");
-        assert_eq!(parse(VLLM, &vllm), Ok(Reading { waiting: 3.0, kv_cache_usage: Some(0.97), running: Some(32.0) }));
+        assert_eq!(
+            parse(VLLM, &vllm),
+            Ok(Reading { waiting: 3.0, kv_cache_usage: Some(0.97), running: Some(32.0), token_time: None })
+        );
         let old = "vllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.25\n";
-        assert_eq!(parse(old, &vllm), Ok(Reading { waiting: 0.0, kv_cache_usage: Some(0.25), running: None }));
+        assert_eq!(
+            parse(old, &vllm),
+            Ok(Reading { waiting: 0.0, kv_cache_usage: Some(0.25), running: None, token_time: None })
+        );
         let sglang = config("url: http://sglang:30000/metrics\nserver: sglang");
         let text = "sglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:token_usage{model_name=\"m\"} 0.1\n\
             sglang:num_running_reqs{model_name=\"m\"} 12\n";
-        assert_eq!(parse(text, &sglang), Ok(Reading { waiting: 4.0, kv_cache_usage: Some(0.1), running: Some(12.0) }));
+        assert_eq!(
+            parse(text, &sglang),
+            Ok(Reading { waiting: 4.0, kv_cache_usage: Some(0.1), running: Some(12.0), token_time: None })
+        );
         let named =
             config("url: http://x/metrics\nwaiting_metric: tgi_queue_size\nrunning_metric: tgi_batch_current_size");
         assert_eq!(
             parse("tgi_queue_size 7\ntgi_batch_current_size 3\n", &named),
-            Ok(Reading { waiting: 7.0, kv_cache_usage: None, running: Some(3.0) })
+            Ok(Reading { waiting: 7.0, kv_cache_usage: None, running: Some(3.0), token_time: None })
         );
     }
 
@@ -309,22 +375,90 @@ mod tests {
             # TYPE llamacpp:requests_deferred gauge\n\
             llamacpp:requests_deferred 2\n\
             llamacpp:prompt_tokens_total 1200\n";
-        assert_eq!(parse(text, &llamacpp), Ok(Reading { waiting: 2.0, kv_cache_usage: None, running: Some(4.0) }));
+        assert_eq!(
+            parse(text, &llamacpp),
+            Ok(Reading { waiting: 2.0, kv_cache_usage: None, running: Some(4.0), token_time: None })
+        );
         let trtllm = config("url: http://trt:8000/prometheus/metrics\nserver: trtllm");
         let text = "trtllm_num_requests_waiting{model_name=\"m\"} 1\n\
             trtllm_num_requests_running{model_name=\"m\"} 60\n\
             trtllm_kv_cache_utilization{model_name=\"m\"} 0.42\n";
-        assert_eq!(parse(text, &trtllm), Ok(Reading { waiting: 1.0, kv_cache_usage: Some(0.42), running: Some(60.0) }));
+        assert_eq!(
+            parse(text, &trtllm),
+            Ok(Reading { waiting: 1.0, kv_cache_usage: Some(0.42), running: Some(60.0), token_time: None })
+        );
         let dynamo = config("url: http://dynamo:8000/metrics\nserver: dynamo");
         let text = "dynamo_frontend_queued_requests{model=\"m\"} 3\n\
             dynamo_frontend_inflight_requests{model=\"m\"} 19\n";
         let reading = parse(text, &dynamo).unwrap();
         assert_eq!(
             reading,
-            Reading { waiting: 3.0, kv_cache_usage: None, running: Some(16.0) },
+            Reading { waiting: 3.0, kv_cache_usage: None, running: Some(16.0), token_time: None },
             "in flight less queued"
         );
         assert!(matches!(reading.pressure(&dynamo), Pressure::Queueing { .. }));
+    }
+
+    /// Each preset's time a token: vLLM's newer name before its older one, llama-server's
+    /// two counters, every series summed; nonsense is not said.
+    #[test]
+    fn the_servers_own_time_a_token() {
+        let time = |seconds, tokens| Some(TokenTime { seconds, tokens });
+        let (itl, tpot) = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds");
+        let cases = [
+            (
+                "vllm",
+                format!(
+                    "{itl}_sum{{model_name=\"a\"}} 2.5\n{itl}_count{{model_name=\"a\"}} 100\n\
+                    {itl}_sum{{model_name=\"b\"}} 0.5\n{itl}_count{{model_name=\"b\"}} 20\n\
+                    {tpot}_sum 9\n{tpot}_count 9\n"
+                ),
+                time(3.0, 120.0),
+            ),
+            ("vllm", format!("{tpot}_sum 2\n{tpot}_count 80\n"), time(2.0, 80.0)),
+            ("vllm", format!("{itl}_sum 2\n{tpot}_count 80\n"), None),
+            ("vllm", format!("{itl}_sum NaN\n{itl}_count 8\n"), None),
+            ("vllm", format!("{itl}_sum 1\n{itl}_count -8\n"), None),
+            (
+                "sglang",
+                "sglang:inter_token_latency_seconds_sum 1\nsglang:inter_token_latency_seconds_count 50\n".into(),
+                time(1.0, 50.0),
+            ),
+            (
+                "llamacpp",
+                "llamacpp:tokens_predicted_total 192\nllamacpp:tokens_predicted_seconds_total 9.05596\n\
+                llamacpp:predicted_tokens_seconds 20.5\n"
+                    .into(),
+                time(9.05596, 192.0),
+            ),
+            (
+                "trtllm",
+                "trtllm_time_per_output_token_seconds_sum 0.3\ntrtllm_time_per_output_token_seconds_count 10\n".into(),
+                time(0.3, 10.0),
+            ),
+            (
+                "dynamo",
+                "dynamo_frontend_inter_token_latency_seconds_sum 4\n\
+                dynamo_frontend_inter_token_latency_seconds_count 400\n"
+                    .into(),
+                time(4.0, 400.0),
+            ),
+        ];
+        for (server, text, expected) in cases {
+            let signal = config(&format!("url: http://x/metrics\nserver: {server}"));
+            // Each server's waiting metric, which a reading needs.
+            let waiting = signal.waiting_metrics()[0];
+            let text = format!("{waiting} 0\n{text}");
+            assert_eq!(parse(&text, &signal).unwrap().token_time, expected, "{server}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_time_a_token_between_two_readings() {
+        let now = TokenTime { seconds: 3.0, tokens: 120.0 };
+        assert_eq!(now.since(TokenTime { seconds: 1.0, tokens: 20.0 }), Some(0.02));
+        assert_eq!(now.since(now), None, "no token since");
+        assert_eq!(now.since(TokenTime { seconds: 9.0, tokens: 10.0 }), None, "a restart");
     }
 
     #[test]
@@ -360,7 +494,7 @@ mod tests {
             (2.0, Some(0.995), queueing(2.0), queueing(0.0)),
         ];
         for (waiting, kv_cache_usage, strict_pressure, lenient_pressure) in cases {
-            let reading = Reading { waiting, kv_cache_usage, running: None };
+            let reading = Reading { waiting, kv_cache_usage, running: None, token_time: None };
             assert_eq!(
                 (reading.pressure(&strict), reading.pressure(&lenient)),
                 (strict_pressure, lenient_pressure),

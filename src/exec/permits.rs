@@ -230,7 +230,7 @@ impl LoadCaps {
         let part = share(mode, upstream);
         self.choose_queue(upstream, now, filling);
         self.room = runs
-            .and_then(|Runs { running, waiting, kv_cache_usage }| {
+            .and_then(|Runs { running, waiting, kv_cache_usage, .. }| {
                 let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage };
                 self.headroom.read(now, occupancy, part)
             })
@@ -259,7 +259,7 @@ impl LoadCaps {
             }
             None => self.ran_at = None,
         }
-        self.paced = runs.and_then(|Runs { running, waiting, .. }| {
+        self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),
                 running,
@@ -268,6 +268,7 @@ impl LoadCaps {
                 in_flight,
                 others: !self.headroom.alone(),
                 shared: part < 1.0,
+                token_time,
             };
             self.delay.read(now, look, limit)
         });
@@ -320,6 +321,7 @@ impl LoadCaps {
                             running,
                             waiting: reading.waiting,
                             kv_cache_usage: reading.kv_cache_usage,
+                            token_time: reading.token_time,
                         });
                         (pressure, runs)
                     }
@@ -361,6 +363,8 @@ struct Runs {
     waiting: f64,
     /// The share of its KV cache in use, where it says.
     kv_cache_usage: Option<f64>,
+    /// Its own time a token so far, where it says.
+    token_time: Option<signals::TokenTime>,
 }
 
 /// This process's part of the room at the server: all of it in `serve`; in a worker

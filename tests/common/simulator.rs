@@ -17,10 +17,12 @@
 //!   is ordered by the request's `priority` (lower first, default 0), then arrival; a
 //!   waiting request that cannot be admitted preempts a running one of a worse priority.
 //! - `/metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//!   `vllm:kv_cache_usage_perc` (0..1) and `vllm:generation_tokens_total`. The gauges are
-//!   what vLLM publishes: a snapshot the engine takes each step, once it has admitted
-//!   what fits (vLLM's scheduler stats). A request counts as waiting only when the engine
-//!   could not take it; one that arrived since the last step and joins the next is not seen.
+//!   `vllm:kv_cache_usage_perc` (0..1), `vllm:generation_tokens_total` and the sum and
+//!   count of `vllm:inter_token_latency_seconds` (each token's step, as long as it took).
+//!   The gauges are what vLLM publishes: a snapshot the engine takes each step, once it has
+//!   admitted what fits (vLLM's scheduler stats). A request counts as waiting only when the
+//!   engine could not take it; one that arrived since the last step and joins the next is
+//!   not seen.
 //!
 //! Usage: `Simulator::start(SimConfig::default()).await` gives a server on 127.0.0.1;
 //! [`Simulator::stats`] counts what it generated, by the `priority` requests carried, and
@@ -107,6 +109,8 @@ pub struct SimStats {
     pub waited: BTreeMap<i64, Vec<Duration>>,
     /// `/metrics` reads, by the reader's address.
     pub metrics_reads: BTreeMap<IpAddr, u64>,
+    /// Σ over decoded tokens of their step's time (vLLM's inter-token latency).
+    pub token_seconds: f64,
 }
 
 struct Sequence {
@@ -202,9 +206,11 @@ impl Engine {
         self.enqueue(config, sequence, true);
     }
 
-    /// One decode step's bookkeeping: a token for every running sequence.
-    fn step(&mut self, config: &SimConfig) {
+    /// One decode step's bookkeeping (it `took` so long): a token for every running
+    /// sequence.
+    fn step(&mut self, config: &SimConfig, took: Duration) {
         self.stats.steps += 1;
+        self.stats.token_seconds += took.as_secs_f64() * self.running.len() as f64;
         for sequence in &mut self.running {
             sequence.generated += 1;
             *self.stats.decoded.entry(sequence.priority).or_default() += 1;
@@ -291,6 +297,8 @@ impl Simulator {
 async fn run(shared: Arc<Shared>) {
     let config = &shared.config;
     let mut next = Instant::now();
+    // When the last step ended (or the engine woke): a step's time, as its tokens saw it.
+    let mut stepped = next;
     loop {
         let (running, waiting) = {
             let mut engine = shared.engine.lock().expect("engine");
@@ -300,12 +308,15 @@ async fn run(shared: Arc<Shared>) {
         if running == 0 {
             shared.arrived.notified().await;
             next = Instant::now();
+            stepped = next;
             continue;
         }
         next += config.step(running) + config.step_per_waiting * u32::try_from(waiting).unwrap_or(u32::MAX);
         tokio::time::sleep_until(next.into()).await;
         let mut engine = shared.engine.lock().expect("engine");
-        engine.step(config);
+        let now = Instant::now();
+        engine.step(config, now - stepped);
+        stepped = now;
         if Instant::now() > next + Duration::from_millis(50) {
             next = Instant::now(); // far behind (a busy machine): don't burst to catch up
         }
@@ -357,6 +368,8 @@ async fn metrics(State(shared): State<Arc<Shared>>, ConnectInfo(reader): Connect
     let gauges = engine.published;
     let usage = gauges.kv_used as f64 / shared.config.kv_capacity as f64;
     let tokens: u64 = engine.stats.tokens.values().sum();
+    let decoded: u64 = engine.stats.decoded.values().sum();
+    let token_seconds = engine.stats.token_seconds;
     let text = format!(
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
          # TYPE vllm:num_requests_running gauge\n\
@@ -369,7 +382,11 @@ async fn metrics(State(shared): State<Arc<Shared>>, ConnectInfo(reader): Connect
          vllm:kv_cache_usage_perc{{model_name=\"sim\"}} {usage}\n\
          # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
          # TYPE vllm:generation_tokens_total counter\n\
-         vllm:generation_tokens_total{{model_name=\"sim\"}} {tokens}\n",
+         vllm:generation_tokens_total{{model_name=\"sim\"}} {tokens}\n\
+         # HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.\n\
+         # TYPE vllm:inter_token_latency_seconds histogram\n\
+         vllm:inter_token_latency_seconds_sum{{model_name=\"sim\"}} {token_seconds}\n\
+         vllm:inter_token_latency_seconds_count{{model_name=\"sim\"}} {decoded}\n",
         gauges.running, gauges.waiting,
     );
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
