@@ -112,6 +112,17 @@ async fn the_simulator_batches_queues_and_reports_in_vllms_names() {
         assert_eq!(body["usage"]["completion_tokens"], 60, "{body}");
     }
     assert_eq!(sim.stats().finished[&0], 3);
+    // Its inter-token latency: a token for each of 180 a step decoded, each as long as
+    // its step took (at least the configured step of one sequence).
+    let seen = reqwest::get(sim.metrics_url()).await.unwrap().text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        let line = seen.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name}:\n{seen}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("vllm:inter_token_latency_seconds_count{"), 180.0, "{seen}");
+    let mean = value("vllm:inter_token_latency_seconds_sum{") / 180.0;
+    let step = sim.config().step_base + sim.config().step_per_seq;
+    assert!(mean >= step.as_secs_f64() * 0.99, "{mean} s a token against a step of {step:?}");
 }
 
 /// With a ceiling of 512 and nothing else set, a batch does not flood a server that
