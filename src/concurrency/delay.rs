@@ -206,7 +206,7 @@ impl Delay {
             || timing.load < at_start.load;
         // The server's own time a token came or went, or its counts went back (a restart).
         let server_changed = match (look.token_time, open.token_time_at_start) {
-            (Some(now), Some(start)) => now.tokens < start.tokens || now.seconds < start.seconds,
+            (Some(now), Some(start)) => now.went_back(start),
             (now, start) => now.is_some() != start.is_some(),
         };
         if went_back || server_changed {
@@ -252,30 +252,66 @@ impl Delay {
 }
 
 /// The pace of a step fitted to `samples` by least squares, if they spread over enough
-/// sequences, the sequences explain most of how the pace varies, and it slows with them.
+/// sequences, the sequences explain most of how the pace varies (or the slope is too many
+/// standard errors from none to be an accident), and it slows with them.
 fn fit(samples: &VecDeque<(f64, f64)>) -> Fit {
     if samples.len() < FIT_LEAST {
         return Fit::Unspread;
     }
-    let n = samples.len() as f64;
-    let mean_x = samples.iter().map(|(x, _)| x).sum::<f64>() / n;
-    let mean_y = samples.iter().map(|(_, y)| y).sum::<f64>() / n;
-    let var_x = samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>() / n;
-    if var_x < FIT_SPREAD {
+    let line = Line::through(samples);
+    if line.var_x < FIT_SPREAD {
         return Fit::Unspread;
     }
-    let cov = samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>() / n;
-    let var_y = samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>() / n;
-    let explained = cov * cov / (var_x * var_y);
-    // t² of the slope: R² (n − 2) / (1 − R²).
-    let t_squared = if explained < 1.0 { explained * (n - 2.0) / (1.0 - explained) } else { f64::INFINITY };
-    let per_sequence = cov / var_x;
+    let per_sequence = line.slope();
     // A fixed part under nothing is noise's: a step of no sequences takes no time.
-    let fixed = (mean_y - per_sequence * mean_x).max(0.0);
-    if per_sequence > 0.0 && (explained >= FIT_EXPLAINS || t_squared >= FIT_T * FIT_T) {
+    let fixed = (line.mean_y - per_sequence * line.mean_x).max(0.0);
+    if per_sequence > 0.0 && (line.explained() >= FIT_EXPLAINS || line.t_squared() >= FIT_T * FIT_T) {
         Fit::Pace(Pace { fixed, per_sequence })
     } else {
         Fit::Flat
+    }
+}
+
+/// The least-squares line through samples (x, y): their means, variances and covariance.
+#[derive(Clone, Copy, Debug)]
+struct Line {
+    n: f64,
+    mean_x: f64,
+    mean_y: f64,
+    var_x: f64,
+    var_y: f64,
+    cov: f64,
+}
+
+impl Line {
+    fn through(samples: &VecDeque<(f64, f64)>) -> Self {
+        let n = samples.len() as f64;
+        let mean_x = samples.iter().map(|(x, _)| x).sum::<f64>() / n;
+        let mean_y = samples.iter().map(|(_, y)| y).sum::<f64>() / n;
+        let mean = |f: &dyn Fn(f64, f64) -> f64| samples.iter().map(|&(x, y)| f(x, y)).sum::<f64>() / n;
+        Self {
+            n,
+            mean_x,
+            mean_y,
+            var_x: mean(&|x, _| (x - mean_x).powi(2)),
+            var_y: mean(&|_, y| (y - mean_y).powi(2)),
+            cov: mean(&|x, y| (x - mean_x) * (y - mean_y)),
+        }
+    }
+
+    fn slope(&self) -> f64 {
+        self.cov / self.var_x
+    }
+
+    /// The share of y's variance the line explains (R²).
+    fn explained(&self) -> f64 {
+        self.cov * self.cov / (self.var_x * self.var_y)
+    }
+
+    /// The square of the slope's t: R² (n − 2) / (1 − R²).
+    fn t_squared(&self) -> f64 {
+        let explained = self.explained();
+        if explained < 1.0 { explained * (self.n - 2.0) / (1.0 - explained) } else { f64::INFINITY }
     }
 }
 
@@ -415,17 +451,9 @@ mod tests {
                 })
                 .collect()
         };
-        let r_squared = |samples: &VecDeque<(f64, f64)>| {
-            let n = samples.len() as f64;
-            let (mean_x, mean_y) =
-                (samples.iter().map(|s| s.0).sum::<f64>() / n, samples.iter().map(|s| s.1).sum::<f64>() / n);
-            let cov = samples.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum::<f64>();
-            let var_x = samples.iter().map(|(x, _)| (x - mean_x).powi(2)).sum::<f64>();
-            let var_y = samples.iter().map(|(_, y)| (y - mean_y).powi(2)).sum::<f64>();
-            cov * cov / (var_x * var_y)
-        };
         let many = samples(80);
-        assert!(r_squared(&many) < FIT_EXPLAINS, "noise is most of it: R² {}", r_squared(&many));
+        let explained = Line::through(&many).explained();
+        assert!(explained < FIT_EXPLAINS, "noise is most of it: R² {explained}");
         let Fit::Pace(pace) = fit(&many) else { panic!("a pace: {:?}", fit(&many)) };
         assert!((pace.per_sequence / 2000.0 - 1.0).abs() < 0.3, "{pace:?}");
         // Eight such samples could be an accident.

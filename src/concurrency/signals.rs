@@ -118,6 +118,10 @@ pub struct LoadSignalConfig {
     /// The metric of requests running, if not the server's usual one.
     #[serde(default)]
     pub running_metric: Option<String>,
+    /// The histogram of the server's time a token (its `_sum` over its `_count`), if not
+    /// the server's usual one.
+    #[serde(default)]
+    pub token_time_metric: Option<String>,
 }
 
 fn default_every() -> Duration {
@@ -144,7 +148,8 @@ impl LoadSignalConfig {
         if !(self.max_kv_cache_usage > 0.0 && self.max_kv_cache_usage <= 1.0) {
             return Err(format!("{at}.max_kv_cache_usage must be more than 0 and at most 1"));
         }
-        for name in [&self.waiting_metric, &self.kv_cache_metric, &self.running_metric].into_iter().flatten() {
+        let named = [&self.waiting_metric, &self.kv_cache_metric, &self.running_metric, &self.token_time_metric];
+        for name in named.into_iter().flatten() {
             if name.is_empty() || name.contains(char::is_whitespace) || name.contains('{') {
                 return Err(format!("{at}: {name:?} is not a metric name"));
             }
@@ -163,6 +168,14 @@ impl LoadSignalConfig {
 
     fn running_metrics(&self) -> Vec<&str> {
         named_or(&self.running_metric, self.server.running())
+    }
+
+    /// The time-a-token metrics' names, (seconds, tokens), the first pair present counting.
+    fn token_time_metrics(&self) -> Vec<(String, String)> {
+        match &self.token_time_metric {
+            Some(name) => vec![(format!("{name}_sum"), format!("{name}_count"))],
+            None => self.server.token_time().iter().map(|&(seconds, tokens)| (seconds.into(), tokens.into())).collect(),
+        }
     }
 }
 
@@ -197,10 +210,15 @@ pub struct TokenTime {
 
 impl TokenTime {
     /// Seconds a token over what came between `earlier` and this (`None`: no token, or
-    /// counts that went back, as after a restart).
+    /// counts that went back).
     pub fn since(self, earlier: Self) -> Option<f64> {
-        let (seconds, tokens) = (self.seconds - earlier.seconds, self.tokens - earlier.tokens);
-        (tokens > 0.0 && seconds >= 0.0).then(|| seconds / tokens)
+        let tokens = self.tokens - earlier.tokens;
+        (tokens > 0.0 && !self.went_back(earlier)).then(|| (self.seconds - earlier.seconds) / tokens)
+    }
+
+    /// Either count is less than `earlier`'s, as after the server restarted.
+    pub fn went_back(self, earlier: Self) -> bool {
+        self.tokens < earlier.tokens || self.seconds < earlier.seconds
     }
 }
 
@@ -242,13 +260,13 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
     {
         return Err(format!("KV-cache usage is {usage}, not a share"));
     }
-    Ok(Reading { waiting, kv_cache_usage, running, token_time: token_time(text, config.server) })
+    Ok(Reading { waiting, kv_cache_usage, running, token_time: token_time(text, config) })
 }
 
 /// The server's own time a token, if it says; numbers that make no sense count as not
 /// said (the time a token only informs the delay; the wait decides the pressure).
-fn token_time(text: &str, server: ServerKind) -> Option<TokenTime> {
-    server.token_time().iter().find_map(|(seconds, tokens)| {
+fn token_time(text: &str, config: &LoadSignalConfig) -> Option<TokenTime> {
+    config.token_time_metrics().iter().find_map(|(seconds, tokens)| {
         let seconds = fold(text, seconds, |a, b| a + b)?.ok()?;
         let tokens = fold(text, tokens, |a, b| a + b)?.ok()?;
         let sane = |value: f64| value.is_finite() && value >= 0.0;
@@ -400,14 +418,16 @@ mod tests {
     }
 
     /// Each preset's time a token: vLLM's newer name before its older one, llama-server's
-    /// two counters, every series summed; nonsense is not said.
+    /// two counters, every series summed; nonsense is not said. A histogram named in the
+    /// config instead of the preset's.
     #[test]
     fn the_servers_own_time_a_token() {
         let time = |seconds, tokens| Some(TokenTime { seconds, tokens });
         let (itl, tpot) = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds");
+        let renamed = "token_time_metric: my_itl_seconds";
         let cases = [
             (
-                "vllm",
+                "server: vllm",
                 format!(
                     "{itl}_sum{{model_name=\"a\"}} 2.5\n{itl}_count{{model_name=\"a\"}} 100\n\
                     {itl}_sum{{model_name=\"b\"}} 0.5\n{itl}_count{{model_name=\"b\"}} 20\n\
@@ -415,41 +435,47 @@ mod tests {
                 ),
                 time(3.0, 120.0),
             ),
-            ("vllm", format!("{tpot}_sum 2\n{tpot}_count 80\n"), time(2.0, 80.0)),
-            ("vllm", format!("{itl}_sum 2\n{tpot}_count 80\n"), None),
-            ("vllm", format!("{itl}_sum NaN\n{itl}_count 8\n"), None),
-            ("vllm", format!("{itl}_sum 1\n{itl}_count -8\n"), None),
+            ("server: vllm", format!("{tpot}_sum 2\n{tpot}_count 80\n"), time(2.0, 80.0)),
+            ("server: vllm", format!("{itl}_sum 2\n{tpot}_count 80\n"), None),
+            ("server: vllm", format!("{itl}_sum NaN\n{itl}_count 8\n"), None),
+            ("server: vllm", format!("{itl}_sum 1\n{itl}_count -8\n"), None),
             (
-                "sglang",
+                "server: sglang",
                 "sglang:inter_token_latency_seconds_sum 1\nsglang:inter_token_latency_seconds_count 50\n".into(),
                 time(1.0, 50.0),
             ),
             (
-                "llamacpp",
+                "server: llamacpp",
                 "llamacpp:tokens_predicted_total 192\nllamacpp:tokens_predicted_seconds_total 9.05596\n\
                 llamacpp:predicted_tokens_seconds 20.5\n"
                     .into(),
                 time(9.05596, 192.0),
             ),
             (
-                "trtllm",
+                "server: trtllm",
                 "trtllm_time_per_output_token_seconds_sum 0.3\ntrtllm_time_per_output_token_seconds_count 10\n".into(),
                 time(0.3, 10.0),
             ),
             (
-                "dynamo",
+                "server: dynamo",
                 "dynamo_frontend_inter_token_latency_seconds_sum 4\n\
                 dynamo_frontend_inter_token_latency_seconds_count 400\n"
                     .into(),
                 time(4.0, 400.0),
             ),
+            (
+                renamed,
+                format!("my_itl_seconds_sum 2\nmy_itl_seconds_count 40\n{itl}_sum 1\n{itl}_count 1\n"),
+                time(2.0, 40.0),
+            ),
+            (renamed, format!("{itl}_sum 1\n{itl}_count 1\n"), None),
         ];
-        for (server, text, expected) in cases {
-            let signal = config(&format!("url: http://x/metrics\nserver: {server}"));
+        for (setting, text, expected) in cases {
+            let signal = config(&format!("url: http://x/metrics\n{setting}"));
             // Each server's waiting metric, which a reading needs.
             let waiting = signal.waiting_metrics()[0];
             let text = format!("{waiting} 0\n{text}");
-            assert_eq!(parse(&text, &signal).unwrap().token_time, expected, "{server}: {text}");
+            assert_eq!(parse(&text, &signal).unwrap().token_time, expected, "{setting}: {text}");
         }
     }
 
@@ -513,6 +539,7 @@ mod tests {
             ("url: http://x/metrics\nmax_kv_cache_usage: 0", "more than 0 and at most 1"),
             ("url: http://x/metrics\nmax_kv_cache_usage: 1.5", "more than 0 and at most 1"),
             ("url: http://x/metrics\nwaiting_metric: \"a b\"", "not a metric name"),
+            ("url: http://x/metrics\ntoken_time_metric: \"itl{model=\\\"m\\\"}\"", "not a metric name"),
         ];
         for (yaml, message) in cases {
             let error = config(yaml).validate("vllm").unwrap_err();
