@@ -9,6 +9,7 @@ pub mod delay;
 pub mod gate;
 pub mod governor;
 pub mod headroom;
+pub mod line;
 pub mod priority;
 pub mod queue;
 pub mod rule;
