@@ -1,5 +1,5 @@
 //! Room kept free at the server for its users: a cap that leaves the server's other
-//! traffic the places it takes at its usual peak, and a place for the next to arrive.
+//! traffic the places it uses, and a reserve for what arrives before the next reading.
 //! Pure: the caller passes the time, the reading and its own requests in flight.
 //!
 //! The design: docs/src/night-shift-design.md#the-headroom-room-kept-for-the-users
@@ -9,24 +9,14 @@ use std::time::{Duration, Instant};
 
 use super::rule;
 
-/// Lately: the span over which other traffic's usual peak and the cache's fullest mix
-/// are taken, and no other traffic makes the batch alone.
-pub const LATELY: Duration = Duration::from_secs(5);
-/// Other traffic's usual peak: what it held at most in this share of the readings over
-/// [`LATELY`] (nine in ten). A batch line holds its place for its whole answer,
-/// longer than users come and go, so the batch keeps to what users take at their usual
-/// peak rather than follow each reading: followed, its lines were not replaced at a
-/// peak, and the places freed after it were taken as the next one came. At the family's
-/// 16-seq GPU-like simulator that held 3.7 lines on average, where users left 6 free
-/// nine readings in ten (users' p99 1.03–1.08× at 0.37–0.40 of the idle capacity,
-/// where a fixed 6 took 0.60 at 1.19×); keeping their usual peak, 1.19× at 0.56–0.63.
-pub const PEAK: f64 = 0.9;
+/// The reserve covers what other traffic grew by between two readings over this span.
+pub const RESERVE_OVER: Duration = Duration::from_secs(5);
 /// Other traffic counts at the most that the readings of this span saw, and the one
 /// before them: a dip is not a departure.
 pub const DIP: Duration = Duration::from_millis(250);
 /// Beside other traffic, on a server that says how full its KV cache is, the places are
 /// at most the sequences that fill this share of it at the fullest mix of the last
-/// [`LATELY`].
+/// [`RESERVE_OVER`].
 pub const CACHE_TARGET: f64 = 0.9;
 /// Alone, the batch keeps this share of the server's places queued there (a line at
 /// least), where that pays ([`super::queue`] tries both): a place freed mid-step is filled
@@ -74,25 +64,26 @@ pub struct Headroom {
     places: Option<f64>,
     /// Other traffic in the readings of the last [`DIP`], and the one before them.
     others: VecDeque<(Instant, f64)>,
-    /// Other traffic in every reading of the last [`LATELY`].
-    held: VecDeque<(Instant, f64)>,
-    /// The places kept for other traffic at the last reading.
-    kept: f64,
+    /// When other traffic grew between two readings, and by how much.
+    rises: VecDeque<(Instant, f64)>,
     /// The last reading that saw other traffic.
     others_seen: Option<Instant>,
-    /// No reading saw other traffic over the last [`LATELY`].
+    /// No reading saw other traffic over the last [`RESERVE_OVER`].
     alone: bool,
     /// The sequences that would fill the KV cache at each reading's mix (what runs over
-    /// the share of the cache in use), over the last [`LATELY`].
+    /// the share of the cache in use), over the last [`RESERVE_OVER`].
     fills: VecDeque<(Instant, f64)>,
     /// Alone, no queue is kept: it costs this server ([`super::queue`]).
     unqueued: bool,
 }
 
 impl Headroom {
-    /// The places kept for other traffic at the last reading: none alone.
-    pub fn kept(&self) -> f64 {
-        self.kept
+    /// The places kept free for other traffic now.
+    pub fn reserve(&self) -> f64 {
+        if self.alone {
+            return 0.0;
+        }
+        self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
     }
 
     /// Whether a batch alone keeps [`QUEUE_ALONE`] queued at the server (it does unless
@@ -101,7 +92,7 @@ impl Headroom {
         self.unqueued = !queue;
     }
 
-    /// No reading saw other traffic over the last [`LATELY`].
+    /// No reading saw other traffic over the last [`RESERVE_OVER`].
     pub fn alone(&self) -> bool {
         self.alone
     }
@@ -134,29 +125,29 @@ impl Headroom {
         if others > 0.0 {
             self.others_seen = Some(now);
         }
-        self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > LATELY);
-        // A dip is not a departure (the module's doc): other traffic counts at the most
-        // of this reading, the readings of the last `DIP` and the one before them.
+        self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
+        // A dip is not a departure (the module's doc): growth counts from the higher of
+        // the two readings before, and other traffic from the most of this one, the
+        // readings of the last `DIP` and the one before them.
         while self.others.get(1).is_some_and(|(at, _)| now.saturating_duration_since(*at) > DIP) {
             self.others.pop_front();
         }
+        let last_two = self.others.iter().rev().take(2).map(|(_, others)| *others).reduce(f64::max);
+        if let Some(before) = last_two
+            && others > before
+        {
+            self.rises.push_back((now, others - before));
+        }
         let level = self.others.iter().map(|(_, before)| *before).fold(others, f64::max);
         self.others.push_back((now, others));
-        self.held.push_back((now, others));
         if let Some(usage) = occupancy.kv_cache_usage.filter(|usage| *usage > 0.0 && occupancy.running >= 1.0) {
             self.fills.push_back((now, occupancy.running / usage));
         }
-        for spans in [&mut self.held, &mut self.fills] {
-            while spans.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > LATELY) {
+        for spans in [&mut self.rises, &mut self.fills] {
+            while spans.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > RESERVE_OVER) {
                 spans.pop_front();
             }
         }
-        // Beside others: their usual peak, or what they hold now and a place for the
-        // next to arrive, whichever is more.
-        self.kept = match self.alone {
-            true => 0.0,
-            false => usual_peak(&self.held).max(level + 1.0),
-        };
         let Some(places) = self.bounded_places() else {
             let counted = (occupancy.running + occupancy.waiting).min(f64::from(occupancy.ours));
             let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
@@ -168,19 +159,11 @@ impl Headroom {
             let queue = if self.unqueued { 0.0 } else { (QUEUE_ALONE * places).max(1.0) };
             places + queue - occupancy.running - occupancy.waiting
         } else {
-            places - f64::from(occupancy.ours) - self.kept
+            places - f64::from(occupancy.ours) - level - self.reserve()
         };
         let cap = f64::from(occupancy.in_flight) + share.clamp(0.0, 1.0) * free;
         Some(cap.max(0.0))
     }
-}
-
-/// What other traffic held at most in [`PEAK`] of `held` (the nearest rank).
-fn usual_peak(held: &VecDeque<(Instant, f64)>) -> f64 {
-    let mut held: Vec<f64> = held.iter().map(|(_, held)| *held).collect();
-    held.sort_by(f64::total_cmp);
-    let rank = (PEAK * held.len() as f64).ceil() as usize;
-    held.get(rank.saturating_sub(1)).copied().unwrap_or(0.0)
 }
 
 /// A cap as whole requests: its floor, and one more with the probability of its fraction
@@ -223,9 +206,9 @@ mod tests {
         let mut headroom = Headroom::default();
         assert_eq!(headroom.read(at(start, 100), occupancy(20.0, 0.0, 16), 1.0), None);
         assert_eq!(headroom.read(at(start, 200), occupancy(30.0, 0.0, 22), 1.0), None);
-        // 32 run and 4 wait: 32 places. Others hold 36 − 28 = 8, and a place is kept for
-        // the next to come, so the batch may keep 32 − 8 − 1 = 23.
-        assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(23.0));
+        // 32 run and 4 wait: 32 places. Others hold 36 − 28 = 8 (they grew by 4 since
+        // the first reading: the reserve), so the batch may keep 32 − 8 − 4 = 20.
+        assert_eq!(headroom.read(at(start, 300), occupancy(32.0, 4.0, 28), 1.0), Some(20.0));
         assert_eq!(headroom.places, Some(32.0));
         // More running later, without a queue: more places than the queue showed.
         headroom.read(at(start, 400), occupancy(34.0, 0.0, 26), 1.0);
@@ -233,46 +216,27 @@ mod tests {
     }
 
     #[test]
-    fn the_batch_fills_what_others_leave_less_a_place_for_the_next() {
+    fn the_batch_fills_what_others_leave_less_what_they_grew_by_lately() {
         let start = Instant::now();
-        // Others hold 3, reading after reading.
+        // Others hold 3, reading after reading: they never grew.
         let mut headroom = learned(start, occupancy(32.0, 1.0, 30), occupancy(32.0, 0.0, 29), 1.0);
-        assert_eq!(headroom.kept(), 4.0, "their 3 and a place for the next");
+        assert_eq!(headroom.reserve(), 1.0, "at least one place");
         assert_eq!(headroom.read(at(start, 6100), occupancy(32.0, 0.0, 29), 1.0), Some(28.0));
-        // Users come: others 3 → 7 → 9, and the batch gives way at once.
-        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32.0 - 7.0 - 1.0));
-        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32.0 - 9.0 - 1.0));
-        // They ebb to 4: once the readings of the last 250 ms and the one before them
-        // agree, the batch takes their places back. Two readings of more in 5 s are not
-        // their usual peak.
+        // Users come: others 3 → 7 (+4) → 9 (+2): the batch gives way by what they take
+        // and by the largest jump besides.
+        assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 1.0, 26), 1.0), Some(32.0 - 7.0 - 4.0));
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 23), 1.0), Some(32.0 - 9.0 - 4.0));
+        // They ebb: once the readings of the last 250 ms and the one before them agree,
+        // the batch takes their places back; the reserve stays 4 for 5 s.
         let ebbed = occupancy(25.0, 0.0, 21);
         for ms in [6400, 6500, 6600] {
-            assert_eq!(headroom.read(at(start, ms), ebbed, 1.0), Some(32.0 - 9.0 - 1.0));
+            assert_eq!(headroom.read(at(start, ms), ebbed, 1.0), Some(32.0 - 9.0 - 4.0));
         }
-        assert_eq!(headroom.read(at(start, 6700), ebbed, 1.0), Some(32.0 - 4.0 - 1.0));
+        assert_eq!(headroom.read(at(start, 6700), ebbed, 1.0), Some(32.0 - 4.0 - 4.0));
+        assert_eq!(headroom.reserve(), 4.0);
+        assert_eq!(headroom.read(at(start, 11_400), occupancy(29.0, 0.0, 25), 1.0), Some(32.0 - 4.0 - 1.0));
         // Users alone fill the server: no batch line.
-        assert_eq!(headroom.read(at(start, 6800), occupancy(32.0, 6.0, 2), 1.0), Some(0.0));
-    }
-
-    #[test]
-    fn others_keep_the_room_they_take_at_their_usual_peak() {
-        // Users hold 4 places, and 10 in one reading of every `every`, for 6 s; then
-        // 400 ms after such a peak, the readings agree on 4 again.
-        let cap_after = |every: u64| {
-            let start = Instant::now();
-            let mut headroom = Headroom::default();
-            headroom.read(start, occupancy(32.0, 1.0, 29), 1.0);
-            for n in 1..=64 {
-                let others = if n <= 60 && n % every == 0 { 10.0 } else { 4.0 };
-                headroom.read(at(start, n * 100), occupancy(20.0 + others, 0.0, 20), 1.0);
-            }
-            (headroom.read(at(start, 6500), occupancy(24.0, 0.0, 20), 1.0), headroom.kept())
-        };
-        // One reading in five: that is their usual peak, and the batch leaves it to them
-        // in the readings between (32 places − 10).
-        assert_eq!(cap_after(5), (Some(22.0), 10.0));
-        // One in twenty: a rare peak. The batch keeps to what they hold, and a place.
-        assert_eq!(cap_after(20), (Some(32.0 - 4.0 - 1.0), 5.0));
+        assert_eq!(headroom.read(at(start, 11_500), occupancy(32.0, 6.0, 2), 1.0), Some(0.0));
     }
 
     #[test]
@@ -282,14 +246,14 @@ mod tests {
         // line there.
         let mut headroom = Headroom::default();
         assert_eq!(headroom.read(at(start, 0), occupancy(4.0, 2.0, 6), 1.0), Some(5.0));
-        assert_eq!(headroom.kept(), 0.0);
+        assert_eq!(headroom.reserve(), 0.0);
         assert_eq!(headroom.read(at(start, 100), occupancy(4.0, 0.0, 4), 1.0), Some(5.0));
         // A user comes: one place is theirs, and one kept for the next.
         assert_eq!(headroom.read(at(start, 200), occupancy(4.0, 1.0, 4), 1.0), Some(4.0 - 1.0 - 1.0));
-        assert_eq!(headroom.kept(), 2.0);
-        // Gone (once the readings agree), and nobody for 5 s more: the place kept goes too.
+        assert_eq!(headroom.reserve(), 1.0);
+        // Gone, and nobody for 5 s more: the reserve goes too.
         headroom.read(at(start, 300), occupancy(2.0, 0.0, 2), 1.0);
-        assert_eq!(headroom.kept(), 2.0);
+        assert_eq!(headroom.reserve(), 1.0);
         assert_eq!(headroom.read(at(start, 5_300), occupancy(2.0, 0.0, 2), 1.0), Some(5.0));
     }
 
@@ -370,18 +334,18 @@ mod tests {
     fn processes_sharing_a_server_each_take_their_share_of_the_free_room() {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 2.0, 10), occupancy(32.0, 0.0, 10), 0.5);
-        // Others hold 7 for 6 s: they leave 20 free, less a place for the next, half of
-        // it each.
-        for n in 61..=120 {
-            headroom.read(at(start, n * 100), occupancy(12.0, 0.0, 5), 0.5);
+        // Others leave 20 free (the readings agree for 300 ms), less the reserve of 1:
+        // half of it each.
+        for ms in [6100, 6200, 6300] {
+            headroom.read(at(start, ms), occupancy(12.0, 0.0, 5), 0.5);
         }
-        assert_eq!(headroom.read(at(start, 12_100), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
-        // Over-full by 5 (with the place kept): each gives back half.
-        assert_eq!(headroom.read(at(start, 12_200), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
+        assert_eq!(headroom.read(at(start, 6400), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
+        // Over-full by 5 (with the reserve): each gives back half.
+        assert_eq!(headroom.read(at(start, 6500), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
     }
 
     #[test]
-    fn a_reading_that_caught_our_lines_on_their_way_in_frees_nothing() {
+    fn a_reading_that_caught_our_lines_on_their_way_in_does_not_raise_the_reserve() {
         let start = Instant::now();
         let mut headroom = learned(start, occupancy(32.0, 1.0, 26), occupancy(32.0, 0.0, 26), 1.0);
         // Four lines of ours, sent together, are not counted by the server yet: other
@@ -390,10 +354,10 @@ mod tests {
         let caught = Occupancy { ours: 26, ..occupancy(28.0, 0.0, 26) };
         assert_eq!(headroom.read(at(start, 6100), caught, 1.0), Some(26.0 - 1.0));
         assert_eq!(headroom.read(at(start, 6200), occupancy(32.0, 0.0, 26), 1.0), Some(26.0 - 1.0));
-        assert_eq!(headroom.kept(), 7.0);
-        // Users that do come are kept room for at once.
+        assert_eq!(headroom.reserve(), 1.0);
+        // Users that do come count from the level before.
         headroom.read(at(start, 6300), occupancy(32.0, 3.0, 26), 1.0);
-        assert_eq!(headroom.kept(), 10.0);
+        assert_eq!(headroom.reserve(), 3.0);
     }
 
     #[test]
@@ -405,10 +369,11 @@ mod tests {
         let unheard = Occupancy { ours: 20, ..occupancy(22.0, 0.0, 20) };
         assert_eq!(headroom.read(at(start, 6100), unheard, 1.0), Some(20.0 - 1.0));
         assert_eq!(headroom.read(at(start, 6200), unheard, 1.0), Some(20.0 - 1.0));
-        // Heard, and replaced: others are back at 12. The batch never took the places
-        // they seemed to leave.
-        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 1.0));
-        assert_eq!(headroom.kept(), 13.0);
+        // Heard, and replaced: others are back at 12. Growth counts from the two readings
+        // before, so that is taken for users who came (the reserve is kept for them),
+        // but the batch never took the places they seemed to leave.
+        assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 10.0));
+        assert_eq!(headroom.reserve(), 10.0);
     }
 
     #[test]

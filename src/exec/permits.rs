@@ -274,7 +274,7 @@ impl LoadCaps {
         });
         tracing::debug!(
             upstream = %upstream.name, ?pressure, ?runs, ours, in_flight, ?cap, room = ?self.room,
-            kept = self.headroom.kept(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
+            reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
         );
         self.clear = pressure == Pressure::Clear;
         self.held.set(i64::from(!self.clear));

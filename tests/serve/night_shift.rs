@@ -541,7 +541,7 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
         );
         let (serve, client) = start(&dir, &config);
         let id = client.create(&client.upload(sim_input(4000, 32)).await).await["id"].as_str().unwrap().to_owned();
-        // The batch has found its place (places learned, the users' usual peak seen) after a few seconds.
+        // The batch has found its place (places learned, a reserve taken) after a few seconds.
         client.wait(&id, Duration::from_secs(60), |b| b["request_counts"]["completed"].as_u64() >= Some(600)).await;
         let before = sim.stats();
         tokio::time::sleep(Duration::from_secs(10)).await;
