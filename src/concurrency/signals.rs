@@ -170,12 +170,23 @@ impl LoadSignalConfig {
         named_or(&self.running_metric, self.server.running())
     }
 
-    /// The time-a-token metrics' names, (seconds, tokens), the first pair present counting.
-    fn token_time_metrics(&self) -> Vec<(String, String)> {
-        match &self.token_time_metric {
-            Some(name) => vec![(format!("{name}_sum"), format!("{name}_count"))],
-            None => self.server.token_time().iter().map(|&(seconds, tokens)| (seconds.into(), tokens.into())).collect(),
-        }
+    /// The time-a-token metrics' names, (seconds, tokens), the first pair present counting:
+    /// the named histogram's sum and count, else the server's own pairs.
+    fn token_time_metrics(&self) -> impl Iterator<Item = (Name<'_>, Name<'_>)> {
+        let named = self.token_time_metric.as_deref().map(|name| (Name(name, "_sum"), Name(name, "_count")));
+        let own = self.server.token_time().iter().filter(move |_| named.is_none());
+        named.into_iter().chain(own.map(|&(seconds, tokens)| (Name(seconds, ""), Name(tokens, ""))))
+    }
+}
+
+/// A metric's name in the exposition as a stem and a suffix (a histogram named in the
+/// configuration, and its `_sum`), matched as one name without joining them.
+#[derive(Clone, Copy, Debug)]
+struct Name<'a>(&'a str, &'static str);
+
+impl<'a> From<&'a str> for Name<'a> {
+    fn from(name: &'a str) -> Self {
+        Self(name, "")
     }
 }
 
@@ -266,7 +277,7 @@ pub fn parse(text: &str, config: &LoadSignalConfig) -> Result<Reading, String> {
 /// The server's own time a token, if it says; numbers that make no sense count as not
 /// said (the time a token only informs the delay; the wait decides the pressure).
 fn token_time(text: &str, config: &LoadSignalConfig) -> Option<TokenTime> {
-    config.token_time_metrics().iter().find_map(|(seconds, tokens)| {
+    config.token_time_metrics().find_map(|(seconds, tokens)| {
         let seconds = fold(text, seconds, |a, b| a + b)?.ok()?;
         let tokens = fold(text, tokens, |a, b| a + b)?.ok()?;
         let sane = |value: f64| value.is_finite() && value >= 0.0;
@@ -275,24 +286,25 @@ fn token_time(text: &str, config: &LoadSignalConfig) -> Option<TokenTime> {
 }
 
 /// The values of every series of `name` (`None`: no series).
-fn values<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Result<f64, String>> + 'a {
+fn values<'a>(text: &'a str, name: Name<'a>) -> impl Iterator<Item = Result<f64, String>> + 'a {
+    let Name(stem, suffix) = name;
     text.lines().filter(|line| !line.starts_with('#')).filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
+        let rest = line.strip_prefix(stem)?.strip_prefix(suffix)?;
         let rest = match rest.chars().next()? {
             '{' => &rest[rest.rfind('}')? + 1..],
             ' ' | '\t' => rest,
             _ => return None, // a longer name with this one as its prefix
         };
         let value = rest.split_whitespace().next()?;
-        Some(value.parse::<f64>().map_err(|_| format!("{name} has the value {value:?}")))
+        Some(value.parse::<f64>().map_err(|_| format!("{stem}{suffix} has the value {value:?}")))
     })
 }
 
 /// Every series of `name` folded with `combine` (`None`: no series; an error: a value
 /// that is not a number).
-fn fold(text: &str, name: &str, combine: fn(f64, f64) -> f64) -> Option<Result<f64, String>> {
+fn fold<'a>(text: &'a str, name: impl Into<Name<'a>>, combine: fn(f64, f64) -> f64) -> Option<Result<f64, String>> {
     let mut found: Option<Result<f64, String>> = None;
-    for value in values(text, name) {
+    for value in values(text, name.into()) {
         found = Some(match (found, value) {
             (Some(Err(error)), _) | (_, Err(error)) => Err(error),
             (None, Ok(value)) => Ok(value),
