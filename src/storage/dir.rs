@@ -20,6 +20,13 @@ use super::{ByteStream, Key, KeyPage, ObjectStore, ObjectWriter, StorageError};
 
 const TMP_DIR: &str = ".tmp";
 const READ_CHUNK: usize = 64 * 1024;
+/// A write in place of at most this many bytes to a file that exists (a journal's next
+/// frame) is made on the caller's thread, not handed to the blocking pool: it goes to
+/// the page cache in microseconds, and a line's permit waits for it. At a 50-ms upstream
+/// at 256 in flight the hand-off cost a short batch 3–4% of its pace (the pool's threads
+/// are woken, or started, for every commit: one or a few lines each at that pace).
+/// Larger frames (an instant upstream's groups, up to megabytes) still go to the pool.
+const IN_PLACE_UP_TO: usize = 64 * 1024;
 
 pub struct DirStore {
     root: PathBuf,
@@ -111,6 +118,9 @@ impl ObjectStore for DirStore {
 
     async fn write_at(&self, key: &Key, offset: u64, bytes: Bytes) -> Result<(), StorageError> {
         let path = self.path(key);
+        if offset > 0 && bytes.len() <= IN_PLACE_UP_TO {
+            return Ok(write_file_at(&path, offset, &bytes)?);
+        }
         tokio::task::spawn_blocking(move || write_file_at(&path, offset, &bytes))
             .await
             .map_err(|error| StorageError::Backend(format!("a blocking write panicked: {error}")))??;
@@ -328,5 +338,30 @@ impl Drop for DirWriter {
             // Abandoned mid-write (a dropped request, a panic): remove the partial file.
             let _ = std::fs::remove_file(&self.temp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A journal's frames, whichever way each is written (the first and a large one by
+    /// the blocking pool, small ones in place): every byte lands at its offset, a frame
+    /// written again (a retried commit) changes nothing, and the object is listed once.
+    #[tokio::test]
+    async fn frames_written_in_place_or_by_the_pool_make_one_object() {
+        let root = tempfile::TempDir::new().unwrap();
+        let store = DirStore::open(root.path()).await.unwrap();
+        let key = Key::from_segments(&["batches", "b1", "journal", "w1"]);
+        let frames = [vec![1u8; 100], vec![2; 10], vec![3; IN_PLACE_UP_TO + 1], vec![4; 20]];
+        let mut at = 0;
+        for frame in &frames {
+            store.write_at(&key, at, Bytes::from(frame.clone())).await.unwrap();
+            store.write_at(&key, at, Bytes::from(frame.clone())).await.unwrap();
+            at += frame.len() as u64;
+        }
+        assert_eq!(store.get(&key).await.unwrap(), frames.concat());
+        let listed = store.list("batches/b1/").await.unwrap();
+        assert_eq!(listed.iter().filter(|listed| **listed == key).count(), 1, "{listed:?}");
     }
 }
