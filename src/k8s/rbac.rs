@@ -43,9 +43,9 @@ pub fn controller_rules() -> Vec<PolicyRule> {
 }
 
 /// `nightshift controller`, for each workload an upstream's `scale` names, in that
-/// workload's namespace: reads it (its ready replicas), changes its replicas through its
-/// `scale` subresource, and records Events there. That workload only: any other is
-/// forbidden.
+/// workload's namespace: reads it and lists the pods there (to count its ready replicas),
+/// changes its replicas through its `scale` subresource, and records Events there. That
+/// workload only: any other's replicas are out of reach.
 pub fn scale_rules(kind: WorkloadKind, name: &str) -> Vec<PolicyRule> {
     let resource = match kind {
         WorkloadKind::Deployment => "deployments",
@@ -58,6 +58,7 @@ pub fn scale_rules(kind: WorkloadKind, name: &str) -> Vec<PolicyRule> {
     vec![
         named(resource, &["get"]),
         named(&format!("{resource}/scale"), &["get", "patch"]),
+        rule("", &["pods"], &["list"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
     ]
 }

@@ -7,16 +7,18 @@
 //! with a Warning Event on each Batch that waited. Each Batch of the upstream says which in
 //! its `CapacityReady` condition.
 //!
-//! The RBAC it needs is per workload: `get` on it and `get`, `patch` on its `scale`
-//! (`super::rbac::scale_rules`); the chart grants exactly that, for the workloads named.
+//! The RBAC it needs is per workload: `get` on it, `get` and `patch` on its `scale`, and
+//! `list` on the pods of its namespace, to count the ready ones (`super::rbac::scale_rules`);
+//! the chart grants exactly that, for the workloads named.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -119,30 +121,45 @@ fn find(ctx: &Context, batches: &Store<BatchResource>, id: &crate::ids::BatchId)
 }
 
 /// The workload's replicas as asked for and as ready, and a reference for its Events.
-async fn read_workload(client: &Client, scaled: &Scaled) -> Result<(Workload, ObjectReference), kube::Error> {
+/// Ready ones are counted from its pods, not read from its status: a status lags its
+/// pods, and a workload scaled to zero and woken again seconds later still says one
+/// ready while that one terminates, so lines would go to a Service with no replica.
+async fn read_workload(client: &Client, scaled: &Scaled) -> anyhow::Result<(Workload, ObjectReference)> {
     let (name, namespace) = (&scaled.scale.name, &scaled.namespace);
-    Ok(match scaled.scale.kind {
+    let (replicas, selector, reference) = match scaled.scale.kind {
         WorkloadKind::Deployment => {
             let deployment = Api::<Deployment>::namespaced(client.clone(), namespace).get(name).await?;
-            let replicas = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-            (workload(replicas, ready), deployment.object_ref(&()))
+            let reference = deployment.object_ref(&());
+            let spec = deployment.spec.unwrap_or_default();
+            (spec.replicas.unwrap_or(1), spec.selector, reference)
         }
         WorkloadKind::StatefulSet => {
             let set = Api::<StatefulSet>::namespaced(client.clone(), namespace).get(name).await?;
-            let replicas = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-            (workload(replicas, ready), set.object_ref(&()))
+            let reference = set.object_ref(&());
+            let spec = set.spec.unwrap_or_default();
+            (spec.replicas.unwrap_or(1), spec.selector, reference)
         }
-    })
+    };
+    let selector = Selector::try_from(selector)?;
+    let pods =
+        Api::<Pod>::namespaced(client.clone(), namespace).list(&ListParams::default().labels_from(&selector)).await?;
+    Ok((workload(replicas, ready_to_serve(&pods.items)), reference))
 }
 
-/// A workload's status lags its spec: asked for fewer replicas, it still counts ready the
-/// pods on their way out (a Deployment scaled to zero says one ready while its pod
-/// terminates), which no line should be sent to. At most as many are ready as are asked.
-fn workload(replicas: i32, ready: i32) -> Workload {
+/// The pods that are ready and not on their way out: the ones a Service sends to.
+fn ready_to_serve(pods: &[Pod]) -> u32 {
+    let ready = |pod: &&Pod| {
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+        pod.metadata.deletion_timestamp.is_none() && conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    };
+    pods.iter().filter(ready).count() as u32
+}
+
+/// At most as many are ready as are asked for: a workload just asked for fewer has not
+/// yet marked the pods it will remove.
+fn workload(replicas: i32, ready: u32) -> Workload {
     let replicas = replicas.max(0) as u32;
-    Workload { replicas, ready: (ready.max(0) as u32).min(replicas) }
+    Workload { replicas, ready: ready.min(replicas) }
 }
 
 /// Changes the workload's replicas through its `scale` subresource; says so in Events
@@ -257,11 +274,23 @@ async fn gave_up(ctx: &Context, batches: &Store<BatchResource>, pending: &[Pendi
 mod tests {
     use super::*;
 
+    fn pod(ready: &str, terminating: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": if terminating { serde_json::json!({"deletionTimestamp": "2026-11-28T11:09:33Z"}) } else { serde_json::json!({}) },
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]},
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn pods_on_their_way_out_are_not_ready_to_serve() {
-        assert_eq!(workload(0, 1), Workload { replicas: 0, ready: 0 }, "scaled to zero, its pod terminating");
+        let starting: Pod = serde_json::from_value(serde_json::json!({"status": {"phase": "Pending"}})).unwrap();
+        let pods = [pod("True", false), pod("True", true), pod("False", false), starting];
+        assert_eq!(ready_to_serve(&pods), 1, "ready, neither terminating nor starting");
+        assert_eq!(ready_to_serve(&[pod("True", true)]), 0, "woken again while the last one terminates");
+        assert_eq!(workload(0, 1), Workload { replicas: 0, ready: 0 }, "scaled to zero, its pod not yet marked");
         assert_eq!(workload(1, 2), Workload { replicas: 1, ready: 1 });
         assert_eq!(workload(2, 1), Workload { replicas: 2, ready: 1 }, "one still starting");
-        assert_eq!(workload(-1, -1), Workload { replicas: 0, ready: 0 });
+        assert_eq!(workload(-1, 0), Workload { replicas: 0, ready: 0 });
     }
 }

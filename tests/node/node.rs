@@ -193,7 +193,8 @@ impl Installation {
         })
     }
 
-    /// Prints every pod's log of the namespace (for a failed phase).
+    /// Prints every pod's log of the namespace, the pods' addresses and the Services'
+    /// endpoints, and the events (for a failed phase).
     fn print_pod_logs(&self) {
         let Ok(out) = Command::new(kubectl_bin())
             .arg("--kubeconfig")
@@ -217,13 +218,21 @@ impl Installation {
                 );
             }
         }
-        if let Ok(out) = Command::new(kubectl_bin())
-            .arg("--kubeconfig")
-            .arg(self.cluster.kubeconfig_path())
-            .args(["--namespace", NS, "get", "events", "--sort-by=.lastTimestamp"])
-            .output()
-        {
-            eprintln!("===== events =====\n{}", String::from_utf8_lossy(&out.stdout));
+        // Who had which address, and which addresses each Service sent to; then the events.
+        let listings: [(&str, &[&str]); 2] = [
+            ("pods and endpoints", &["get", "pods,endpointslices", "-o", "wide"]),
+            ("events", &["get", "events", "--sort-by=.lastTimestamp"]),
+        ];
+        for (what, args) in listings {
+            if let Ok(out) = Command::new(kubectl_bin())
+                .arg("--kubeconfig")
+                .arg(self.cluster.kubeconfig_path())
+                .args(["--namespace", NS])
+                .args(args)
+                .output()
+            {
+                eprintln!("===== {what} =====\n{}", String::from_utf8_lossy(&out.stdout));
+            }
         }
     }
 }
@@ -754,8 +763,9 @@ async fn capacity_on_demand(installation: &Installation, image_tag: &str) {
     assert!(
         errors.iter().all(|line| line["error"]["code"] == "batch_expired"),
         "no line failed but by the window's end (none against a replica going away or not yet \
-         reachable): {}",
-        failure_codes(finished)
+         reachable): {}; replicas over time: {}",
+        failure_codes(finished),
+        late.show()
     );
     late.until(&deployments, start, 0, 120).await;
     eprintln!("[node] capacity: a late batch ({}): replicas over time: {}", finished["counts"], late.show());
