@@ -8,6 +8,7 @@ mod common;
 mod capacity;
 mod execution;
 mod night_shift;
+mod presets;
 mod rate_limits;
 mod s3_credentials;
 mod sdk_e2e;
