@@ -15,7 +15,8 @@
 //!
 //! Then the short-batch case: batches of 1,000, 3,000 and 12,000 lines at the 300 ms
 //! upstream, untuned (`adaptive`, ceiling 256) against fixed 256, whole runs: a fresh
-//! process's first batch, and its next one.
+//! process's first batch (at once, and after the process sat idle 5 s), its next one,
+//! and the first after a restart.
 //!
 //! Knobs: `NIGHTSHIFT_BINARY` (another build, to compare), `BENCH_ROUNDS`, `BENCH_ONLY` (a substring of a point's name, e.g. `lat300`),
 //! `BENCH_SHORT=0` (skip the short-batch case), `BENCH_GRID=0` (skip the grid), `BENCH_LOG`
@@ -291,11 +292,19 @@ fn main() {
                 let next = serve.batch("c256-lat300", lines).await;
                 let serve = serve.restarted();
                 let restarted = serve.batch("c256-lat300", lines).await;
+                // A fresh installation whose first batch comes once it has sat idle a while,
+                // as a server started before anyone sends it work does.
+                let idle = Serve::start(&upstream, true);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let after_idle = idle.batch("c256-lat300", lines).await;
+                drop(idle);
                 let best = fixed.batch("c256-lat300", lines).await;
-                let [first, next, restarted, best] = [first, next, restarted, best].map(|time| time.as_secs_f64());
+                let [first, next, restarted, after_idle, best] =
+                    [first, next, restarted, after_idle, best].map(|time| time.as_secs_f64());
                 println!(
-                    "  {lines:>6} lines: untuned {first:>6.2} s ({:.2}x), its next batch {next:>6.2} s ({:.2}x), after a restart {restarted:>6.2} s ({:.2}x); fixed 256 {best:>6.2} s",
+                    "  {lines:>6} lines: untuned {first:>6.2} s ({:.2}x), idle 5 s first {after_idle:>6.2} s ({:.2}x), its next batch {next:>6.2} s ({:.2}x), after a restart {restarted:>6.2} s ({:.2}x); fixed 256 {best:>6.2} s",
                     first / best,
+                    after_idle / best,
                     next / best,
                     restarted / best,
                 );

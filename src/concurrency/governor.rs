@@ -120,6 +120,15 @@ impl Governor {
             self.window = None;
             return self.rule.limit().min(look.ceiling.max(1));
         }
+        // Nothing in flight, and nothing finished since the window opened: the upstream
+        // is idle, and idle time is part of no window. A batch's first window would
+        // otherwise average the wait before its lines in, be found not busy and cost a
+        // round trip at the first limit.
+        let idle = self.window.as_ref().is_none_or(|window| look.counts.since(&window.at_start).lines == 0);
+        if look.in_flight == 0 && idle {
+            self.window = None;
+            return self.rule.limit().min(look.ceiling.max(1));
+        }
         let window = self.window.get_or_insert_with(|| Open::at(&look));
         window.in_flight_sum += f64::from(look.in_flight);
         window.samples += 1;
@@ -166,6 +175,13 @@ mod tests {
             for _ in 0..ticks {
                 self.tick(governor, 0, &per_sec);
             }
+        }
+
+        /// 100 ms of a server that nobody sends to.
+        fn idle(&mut self, governor: &mut Governor) -> u32 {
+            self.now += Duration::from_millis(100);
+            let (counts, overruled) = (self.counts, self.overruled);
+            governor.look(Look { now: self.now, counts, in_flight: 0, ceiling: 256, crowded: false, overruled })
         }
 
         /// 100 ms of a server that finishes `per_sec(limit)` lines of 10 tokens a second.
@@ -290,6 +306,16 @@ mod tests {
         let (tick, limits) = reached(&mut Governor::new(256), true);
         assert_eq!(limits, [8, 16, 32, 64, 128, 256]);
         assert!(tick.is_some_and(|tick| tick <= 18), "256 within about 1.5 s: {tick:?}");
+        // Seconds with nothing sent before the batch change nothing: its first window
+        // starts with its lines.
+        let mut server = Server::new();
+        let mut governor = Governor::new(256);
+        for _ in 0..30 {
+            assert_eq!(server.idle(&mut governor), 8);
+        }
+        let limits: Vec<u32> = (0..40).map(|_| server.look(&mut governor, 0, false, scaling)).collect();
+        let after_idle = limits.iter().position(|limit| *limit == 256).map(|tick| tick + 1);
+        assert_eq!((after_idle, dedup(&limits)), reached(&mut Governor::new(256), false), "as without the wait");
         // Counts that arrive late wait a settling window after each doubling.
         let mut server = Server::new();
         let mut governor = Governor::with_late_counts(256);
