@@ -275,11 +275,12 @@ mod tests {
     use super::*;
 
     fn pod(ready: &str, terminating: bool) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": if terminating { serde_json::json!({"deletionTimestamp": "2026-11-28T11:09:33Z"}) } else { serde_json::json!({}) },
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]},
-        }))
-        .unwrap()
+        let mut pod =
+            serde_json::json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]}});
+        if terminating {
+            pod["metadata"]["deletionTimestamp"] = "2026-11-28T11:09:33Z".into();
+        }
+        serde_json::from_value(pod).unwrap()
     }
 
     #[test]

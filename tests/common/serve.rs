@@ -73,6 +73,12 @@ impl Serve {
         }
     }
 
+    /// A value of serve's `/metrics` (the first series whose line starts with `series`).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = reqwest::get(&self.metrics_url).await.ok()?.text().await.ok()?;
+        text.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

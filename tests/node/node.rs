@@ -151,11 +151,14 @@ impl Installation {
     }
 
     fn kubectl(&self, args: &[&str]) -> String {
-        run(Command::new(kubectl_bin())
-            .arg("--kubeconfig")
-            .arg(self.cluster.kubeconfig_path())
-            .args(["--namespace", NS])
-            .args(args))
+        run(self.kubectl_command().args(args))
+    }
+
+    /// kubectl on this cluster, in the test's namespace.
+    fn kubectl_command(&self) -> Command {
+        let mut command = Command::new(kubectl_bin());
+        command.arg("--kubeconfig").arg(self.cluster.kubeconfig_path()).args(["--namespace", NS]);
+        command
     }
 
     async fn api<K>(&self) -> Api<K>
@@ -196,21 +199,11 @@ impl Installation {
     /// Prints every pod's log of the namespace, the pods' addresses and the Services'
     /// endpoints, and the events (for a failed phase).
     fn print_pod_logs(&self) {
-        let Ok(out) = Command::new(kubectl_bin())
-            .arg("--kubeconfig")
-            .arg(self.cluster.kubeconfig_path())
-            .args(["--namespace", NS, "get", "pods", "-o", "name"])
-            .output()
-        else {
+        let Ok(out) = self.kubectl_command().args(["get", "pods", "-o", "name"]).output() else {
             return;
         };
         for pod in String::from_utf8_lossy(&out.stdout).lines() {
-            let logs = Command::new(kubectl_bin())
-                .arg("--kubeconfig")
-                .arg(self.cluster.kubeconfig_path())
-                .args(["--namespace", NS, "logs", "--tail=30", pod])
-                .output();
-            if let Ok(logs) = logs {
+            if let Ok(logs) = self.kubectl_command().args(["logs", "--tail=30", pod]).output() {
                 eprintln!(
                     "===== {pod} =====\n{}{}",
                     String::from_utf8_lossy(&logs.stdout),
@@ -224,13 +217,7 @@ impl Installation {
             ("events", &["get", "events", "--sort-by=.lastTimestamp"]),
         ];
         for (what, args) in listings {
-            if let Ok(out) = Command::new(kubectl_bin())
-                .arg("--kubeconfig")
-                .arg(self.cluster.kubeconfig_path())
-                .args(["--namespace", NS])
-                .args(args)
-                .output()
-            {
+            if let Ok(out) = self.kubectl_command().args(args).output() {
                 eprintln!("===== {what} =====\n{}", String::from_utf8_lossy(&out.stdout));
             }
         }
@@ -686,10 +673,9 @@ fn failure_codes(finished: &Value) -> String {
 
 /// Whether the controller's ServiceAccount may `verb` the `scale` of `deployment`.
 fn controller_may(installation: &Installation, verb: &str, deployment: &str) -> bool {
-    let out = Command::new(kubectl_bin())
-        .arg("--kubeconfig")
-        .arg(installation.cluster.kubeconfig_path())
-        .args(["--namespace", NS, "auth", "can-i", verb, &format!("deployments/{deployment}"), "--subresource=scale"])
+    let out = installation
+        .kubectl_command()
+        .args(["auth", "can-i", verb, &format!("deployments/{deployment}"), "--subresource=scale"])
         .arg(format!("--as=system:serviceaccount:{NS}:nightshift-controller"))
         .output()
         .unwrap();

@@ -26,17 +26,11 @@ fn start(dir: &TempDir, extra: &str) -> (Serve, Client) {
     (serve, client)
 }
 
-/// A value of serve's `/metrics` (the first series whose line starts with `series`).
-async fn metric(serve: &Serve, series: &str) -> Option<f64> {
-    let text = reqwest::get(&serve.metrics_url).await.ok()?.text().await.ok()?;
-    text.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
-}
-
 /// A value of serve's `/metrics` once it is there (the permit loop sets its gauges on its
 /// first tick, about when serve starts answering).
 async fn first_metric(serve: &Serve, series: &str) -> Option<f64> {
     for _ in 0..50 {
-        if let Some(value) = metric(serve, series).await {
+        if let Some(value) = serve.metric(series).await {
             return Some(value);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -143,7 +137,7 @@ async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() 
         let batch = client.create(&client.upload(sim_input(lines, 4)).await).await;
         let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
         assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
-        let limit = metric(&serve, "nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await.unwrap();
+        let limit = serve.metric("nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await.unwrap();
         peaks.push((sim.stats().peak_waiting, limit));
     }
     let [(adaptive_peak, adaptive_limit), (fixed_peak, fixed_limit)] = peaks[..] else { unreachable!() };
@@ -302,7 +296,7 @@ async fn held_at_a_queue() -> Held {
     );
     let (serve, client) = start(&dir, &config);
     common::cluster::eventually("dispatch held", 30, || async {
-        (metric(&serve, HELD).await == Some(1.0)).then_some(())
+        (serve.metric(HELD).await == Some(1.0)).then_some(())
     })
     .await;
     let batch = client.create(&client.upload(input(&ids("r", 20), "mock-a")).await).await;
@@ -320,7 +314,7 @@ async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_
     waiting.store(0, Ordering::Relaxed);
     let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
-    assert_eq!(metric(&serve, HELD).await, Some(0.0));
+    assert_eq!(serve.metric(HELD).await, Some(0.0));
 }
 
 /// A signal that stops answering while users queue holds the batch a while: a server
@@ -335,15 +329,15 @@ async fn a_load_signal_that_stops_answering_while_users_queue_holds_the_batch_a_
     // hold (`staleness::FAILED_HOLD`, 10 s).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let failures = "nightshift_load_signal_failures_total{upstream=\"mock\",reason=\"unreachable\"}";
-    assert!(metric(&serve, failures).await.unwrap_or(0.0) >= 1.0, "readings failed meanwhile");
+    assert!(serve.metric(failures).await.unwrap_or(0.0) >= 1.0, "readings failed meanwhile");
     assert_eq!(upstream.total_calls(), 0, "the queue last read holds the batch through the failures");
-    assert_eq!(metric(&serve, HELD).await, Some(1.0));
+    assert_eq!(serve.metric(HELD).await, Some(1.0));
     let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(
         batch["request_counts"]["completed"], 20,
         "past the hold, the batch goes on without the signal: {batch}"
     );
-    assert_eq!(metric(&serve, HELD).await, Some(0.0));
+    assert_eq!(serve.metric(HELD).await, Some(0.0));
 }
 
 /// Load signals that fail, time out or answer garbage from the start cost nothing but a
@@ -378,7 +372,7 @@ async fn a_load_signal_that_fails_or_lies_never_stops_batches() {
         // The silent one fails once its read times out (a second or so).
         let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}");
         common::cluster::eventually(&format!("upstream {name}'s signal failures counted"), 30, || async {
-            (metric(&serve, &series).await.unwrap_or(0.0) >= 1.0).then_some(())
+            (serve.metric(&series).await.unwrap_or(0.0) >= 1.0).then_some(())
         })
         .await;
     }
@@ -416,7 +410,7 @@ async fn a_load_signal_gone_stale_is_set_aside_and_counted() {
     eprintln!("[night shift] a batch behind a stuck queue took {:?}", started.elapsed());
     for name in ["held", "flowing"] {
         let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"stale\"}}");
-        assert!(metric(&serve, &series).await.unwrap_or(0.0) >= 1.0, "{name}'s signal was set aside as stale");
+        assert!(serve.metric(&series).await.unwrap_or(0.0) >= 1.0, "{name}'s signal was set aside as stale");
     }
 }
 
@@ -547,7 +541,7 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
         tokio::time::sleep(Duration::from_secs(10)).await;
         let after = sim.stats();
         assert_eq!(client.batch(&id).await["status"], "in_progress", "the batch ran all along");
-        let limit = metric(&serve, "nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await;
+        let limit = serve.metric("nightshift_upstream_concurrency_limit{upstream=\"sim\"}").await;
         client.cancel(&id).await;
         users.stop().await;
         let steps = (after.steps - before.steps) as f64;

@@ -44,12 +44,6 @@ async fn stand_in(page: fn(u64) -> String, waiting: Arc<AtomicU64>) -> String {
     url
 }
 
-/// A value of serve's `/metrics` (the first series whose line starts with `series`).
-async fn metric(serve: &Serve, series: &str) -> Option<f64> {
-    let text = reqwest::get(&serve.metrics_url).await.ok()?.text().await.ok()?;
-    text.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
-}
-
 /// Calls the upstream had for the lines of `model` (their custom ids start with it).
 fn calls_of(upstream: &MockUpstream, model: &str) -> u32 {
     upstream.all_calls().iter().filter(|(id, _)| id.starts_with(&format!("{model}-"))).map(|(_, n)| n).sum()
@@ -78,7 +72,7 @@ async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
     let client = Client::new(&serve.url, PROJECT, KEY);
     let held = |name: &str| format!("nightshift_upstream_dispatch_held{{upstream=\"{name}\"}}");
     common::cluster::eventually("both presets' queues read", 30, || async {
-        let both = metric(&serve, &held("trt")).await == Some(1.0) && metric(&serve, &held("dyn")).await == Some(1.0);
+        let both = serve.metric(&held("trt")).await == Some(1.0) && serve.metric(&held("dyn")).await == Some(1.0);
         both.then_some(())
     })
     .await;
@@ -107,10 +101,10 @@ async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
     let failures = |name: &str, reason: &str| {
         format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}")
     };
-    assert!(metric(&serve, &failures("mixed", "invalid")).await.unwrap_or(0.0) >= 1.0, "the mixed-up read is counted");
+    assert!(serve.metric(&failures("mixed", "invalid")).await.unwrap_or(0.0) >= 1.0, "the mixed-up read is counted");
     for name in ["trt", "dyn"] {
         for reason in ["invalid", "unreachable", "stale"] {
-            assert_eq!(metric(&serve, &failures(name, reason)).await.unwrap_or(0.0), 0.0, "{name}: {reason}");
+            assert_eq!(serve.metric(&failures(name, reason)).await.unwrap_or(0.0), 0.0, "{name}: {reason}");
         }
     }
 }
