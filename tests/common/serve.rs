@@ -23,6 +23,15 @@ impl Serve {
         Self::start_over(Some(data_dir), extra)
     }
 
+    /// Starts `nightshift serve` for the test project, `extra` (YAML) added to its config
+    /// in `dir` and its data under `dir/data`; with that project's client.
+    pub fn for_project(dir: &Path, extra: &str) -> (Self, super::client::Client) {
+        let config = super::write_config(dir, extra);
+        let serve = Self::start(&dir.join("data"), &["--config", config.to_str().unwrap()]);
+        let client = super::client::Client::new(&serve.url, super::PROJECT, super::KEY);
+        (serve, client)
+    }
+
     /// Starts `nightshift serve` on a free port over the storage its `--config` names.
     pub fn start_configured(config: &Path) -> Self {
         Self::start_over(None, &["--config", config.to_str().unwrap()])

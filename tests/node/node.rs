@@ -16,9 +16,12 @@
 //! runtime and images (tests/tools/install-node.sh), helm, s3s-fs, llama-server
 //! (tests/tools/install-engine.sh) and the SDK's venv; `tests/run` installs them all.
 
+mod applied;
+mod capacity;
+
 use crate::common;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -34,10 +37,9 @@ use common::simulator::{SimConfig, Simulator};
 use common::tools::{helm, kubectl_bin, run};
 use common::upstream::MockUpstream;
 use common::{KEY, PROJECT, TestS3};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use nightshift::k8s::crd::{BATCH_LABEL, resource_name};
@@ -232,8 +234,6 @@ impl Drop for Installation {
     }
 }
 
-/// The SDK's last line: the batch completed, every input line is in the output exactly
-/// once, answered by the upstream.
 /// A model server's `/metrics`, passed through on the host by a reader that records who
 /// read it (llama-server does not say).
 struct SignalReaders {
@@ -266,6 +266,8 @@ impl SignalReaders {
     }
 }
 
+/// The SDK's last line: the batch completed, every input line is in the output exactly
+/// once, answered by the upstream.
 fn check_results(lines: &[Value], expected: usize) {
     let finished = lines.last().expect("the SDK printed nothing");
     assert_eq!(finished["event"], "finished", "{finished}");
@@ -346,7 +348,7 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     }
 
     // -- 1b. A Batch applied with kubectl, as a GitOps repository holds it.
-    applied_batch(&installation).await;
+    applied::applied_batch(&installation).await;
 
     // -- 2. A worker container killed mid-shard: the Job's next pod resumes the shard.
     upstream.delay(Duration::from_millis(600));
@@ -511,7 +513,7 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     // -- 5c. Capacity on demand: llama-server as a Deployment at zero replicas, woken by a
     // batch, given back after the cooldown; a batch that would miss its window at one
     // replica scales it to two.
-    capacity_on_demand(&installation, rebuilt.rsplit_once(':').unwrap().1).await;
+    capacity::capacity_on_demand(&installation, rebuilt.rsplit_once(':').unwrap().1).await;
 
     // -- 6. Removal as docs/src/kubernetes.md says: Batches first (the controller cleans up
     // their Jobs and shard data), then helm uninstall: no pods and no Jobs are left.
@@ -525,238 +527,4 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     .await;
     let leftover = installation.node.ctr(&["containers", "list", "--quiet"]).unwrap();
     eprintln!("[node] containers left in containerd after uninstall: {}", leftover.lines().count());
-}
-
-/// The engine's Deployment (`llama`, at zero replicas, ready once `/health` answers) and
-/// its Service.
-const APPLIED_EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/applied-batch.yaml");
-
-/// `examples/applied-batch.yaml` applied as it is: its input read from the bucket, its
-/// output written there, `kubectl wait` returning once both are done; then a refused
-/// input's line in `kubectl describe`. Prints the applied batch's timeline.
-async fn applied_batch(installation: &Installation) {
-    let store = installation.s3.store();
-    let custom_ids: Vec<String> = (0..20).map(|i| format!("applied-{i}")).collect();
-    let input = common::client::input(&custom_ids, "mock-a");
-    store.put(&nightshift::storage::Key::parse("inputs/nightly-eval.jsonl").unwrap(), input.into()).await.unwrap();
-    let batches = installation.api::<nightshift::k8s::crd::BatchResource>().await;
-    let started = Instant::now();
-    assert!(installation.kubectl(&["apply", "-f", APPLIED_EXAMPLE]).contains("created"));
-    let accepted = eventually("the applied Batch accepted", 60, || async {
-        let batch = batches.get("nightly-eval").await.ok()?;
-        let running = batch.status.as_ref()?.status != nightshift::batches::Status::Validating;
-        (batch.accepted().is_some() && running).then(|| started.elapsed())
-    })
-    .await;
-    installation.kubectl(&["wait", "--for=condition=Complete", "--timeout=120s", "batch/nightly-eval"]);
-    let complete = started.elapsed();
-    let batch = batches.get("nightly-eval").await.unwrap();
-    let (spec, status) = (batch.accepted().unwrap(), batch.status.as_ref().unwrap());
-    let key = format!("results/{}/output.jsonl", spec.id);
-    assert_eq!(status.output_uri.as_deref(), Some(format!("s3://nightshift/{key}").as_str()));
-    let output = store.get(&nightshift::storage::Key::parse(&key).unwrap()).await.unwrap();
-    let answered: HashSet<String> = String::from_utf8(output.to_vec())
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(line).unwrap()["custom_id"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(answered, custom_ids.iter().cloned().collect::<HashSet<_>>(), "every line, in the bucket");
-    assert!(installation.kubectl(&["apply", "-f", APPLIED_EXAMPLE]).contains("unchanged"), "re-applied: a no-op");
-    let columns = installation.kubectl(&["get", "batch", "nightly-eval", "-o", "wide"]);
-    assert!(columns.contains("applied") && columns.contains("s3://nightshift/results/"), "{columns}");
-    eprintln!(
-        "[node] applied batch of 20 lines: accepted (input read, validated, planned) {:.1} s after kubectl apply, \
-         complete with its output in the bucket at {:.1} s (kubectl wait returned); batch {}",
-        accepted.as_secs_f64(),
-        complete.as_secs_f64(),
-        spec.id
-    );
-
-    // A refused one: the line and the reason where a kubectl user looks.
-    let mut broken = common::client::input(&["fine".to_owned()], "mock-a");
-    broken.extend_from_slice(b"{\"custom_id\": \"no-method\", \"url\": \"/v1/chat/completions\", \"body\": {}}\n");
-    store.put(&nightshift::storage::Key::parse("inputs/broken.jsonl").unwrap(), broken.into()).await.unwrap();
-    let manifest = std::fs::read_to_string(APPLIED_EXAMPLE)
-        .unwrap()
-        .replace("name: nightly-eval", "name: broken-eval")
-        .replace("inputs/nightly-eval.jsonl", "inputs/broken.jsonl");
-    let file = installation.helm_home.path().join("broken-eval.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    installation.kubectl(&["apply", "-f", file.to_str().unwrap()]);
-    installation.kubectl(&["wait", "--for=condition=Failed", "--timeout=60s", "batch/broken-eval"]);
-    let described = installation.kubectl(&["describe", "batch", "broken-eval"]);
-    assert!(described.contains("Refused") && described.contains("line 2:"), "{described}");
-}
-
-fn engine_workload(image: &str) -> (Deployment, Service) {
-    let args = ["-m", "/models/tiny.gguf", "--host", "0.0.0.0", "--port", "8080", "-np", "2", "-c", "1024", "-t", "1"];
-    let args: Vec<&str> =
-        args.into_iter().chain(["--threads-http", "32", "--metrics", "--no-webui", "-a", "tiny"]).collect();
-    let deployment = json!({
-        "metadata": {"name": "llama"},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"app": "llama"}},
-            "template": {
-                "metadata": {"labels": {"app": "llama"}},
-                "spec": {"containers": [{
-                    "name": "server", "image": image, "imagePullPolicy": "Never", "args": args,
-                    "ports": [{"containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 1},
-                }]},
-            },
-        },
-    });
-    let service = json!({
-        "metadata": {"name": "llama"},
-        "spec": {"selector": {"app": "llama"}, "ports": [{"port": 8080, "targetPort": 8080}]},
-    });
-    (serde_json::from_value(deployment).unwrap(), serde_json::from_value(service).unwrap())
-}
-
-/// Replicas of the engine's Deployment over time: (seconds since `start`, asked, ready),
-/// a row per change.
-#[derive(Default)]
-struct Timeline(Vec<(f64, i32, i32)>);
-
-impl Timeline {
-    async fn look(&mut self, deployments: &Api<Deployment>, start: Instant) -> (i32, i32) {
-        let deployment = deployments.get("llama").await.unwrap();
-        let asked = deployment.spec.and_then(|s| s.replicas).unwrap_or(1);
-        let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
-        if self.0.last().is_none_or(|(_, a, r)| (*a, *r) != (asked, ready)) {
-            self.0.push((start.elapsed().as_secs_f64(), asked, ready));
-        }
-        (asked, ready)
-    }
-
-    /// Looks every 250 ms until `done` (the SDK's thread) has finished.
-    async fn follow<T>(&mut self, deployments: &Api<Deployment>, start: Instant, done: &std::thread::JoinHandle<T>) {
-        while !done.is_finished() {
-            self.look(deployments, start).await;
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// Looks until the Deployment asks for `replicas`, at most `seconds`.
-    async fn until(&mut self, deployments: &Api<Deployment>, start: Instant, replicas: i32, seconds: u64) {
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        while self.look(deployments, start).await.0 != replicas {
-            assert!(Instant::now() < deadline, "the engine never went to {replicas} replicas: {}", self.show());
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    fn first(&self, test: impl Fn(i32, i32) -> bool) -> Option<f64> {
-        self.0.iter().find(|(_, asked, ready)| test(*asked, *ready)).map(|(at, _, _)| *at)
-    }
-
-    fn show(&self) -> String {
-        self.0.iter().map(|(at, asked, ready)| format!("{at:.1}s {asked}/{ready}")).collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// The error file's lines of a finished batch, counted by code and message: what a
-/// failed assertion on its status shows.
-fn failure_codes(finished: &Value) -> String {
-    let mut counted = BTreeMap::<String, usize>::new();
-    for line in finished["errors"].as_array().into_iter().flatten() {
-        let error = &line["error"];
-        let reason = match line["response"]["status_code"].as_i64() {
-            Some(status) => format!("HTTP {status}: {}", line["response"]["body"]),
-            None => format!("{}: {}", error["code"], error["message"]),
-        };
-        *counted.entry(reason).or_default() += 1;
-    }
-    counted.iter().map(|(reason, n)| format!("{n} × {reason}")).collect::<Vec<_>>().join("; ")
-}
-
-/// Whether the controller's ServiceAccount may `verb` the `scale` of `deployment`.
-fn controller_may(installation: &Installation, verb: &str, deployment: &str) -> bool {
-    let out = installation
-        .kubectl_command()
-        .args(["auth", "can-i", verb, &format!("deployments/{deployment}"), "--subresource=scale"])
-        .arg(format!("--as=system:serviceaccount:{NS}:nightshift-controller"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim() == "yes"
-}
-
-async fn capacity_on_demand(installation: &Installation, image_tag: &str) {
-    let engine = image::engine("tiny");
-    installation.node.load_images(&[&engine]);
-    let (deployment, service) = engine_workload(&engine);
-    let deployments = installation.api::<Deployment>().await;
-    deployments.create(&PostParams::default(), &deployment).await.unwrap();
-    let service = installation.api::<Service>().await.create(&PostParams::default(), &service).await.unwrap();
-    let ip = service.spec.and_then(|s| s.cluster_ip).unwrap();
-    let mut values: Value = serde_json::from_str(&std::fs::read_to_string(&installation.values).unwrap()).unwrap();
-    values["upstreams"].as_array_mut().unwrap().push(json!({
-        "name": "pods", "base_url": format!("http://{ip}:8080/v1"), "models": ["pod-*"], "max_concurrency": 8,
-        "scale": {"kind": "Deployment", "name": "llama", "max_replicas": 2, "cooldown": "10s", "max_wait": "3m"},
-    }));
-    // Shards of 200 lines; a window of 40 s, which 600 lines of 64 tokens cannot make
-    // (the tiny model gives ~500 tokens/s on this machine's two cores, one replica or two:
-    // ~80 s; 16 tokens a line made it within the window on a quiet machine).
-    values["config"]["batches"]["shard_lines"] = json!(200);
-    values["config"]["batches"]["completion_window"] = json!("40s");
-    let file = installation.helm_home.path().join("values-capacity.json");
-    std::fs::write(&file, values.to_string()).unwrap();
-    let tag = format!("image.tag={image_tag}");
-    installation.helm(&["upgrade", RELEASE, CHART, "-f", file.to_str().unwrap(), "--set", &tag, "--wait"]);
-    assert!(controller_may(installation, "patch", "llama"), "the chart's Role lets the controller scale llama");
-    assert!(!controller_may(installation, "patch", "nightshift-api"), "and no workload it was not told of");
-
-    // A batch wakes the engine from zero; its lines wait for the ready replica.
-    let start = Instant::now();
-    let mut woken = Timeline::default();
-    let sdk = installation.sdk(20, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "8")]);
-    woken.follow(&deployments, start, &sdk).await;
-    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
-    let finished = lines.last().unwrap();
-    assert_eq!(finished["counts"], json!({"total": 20, "completed": 20, "failed": 0}), "none lost: {finished}");
-    let output = finished["output"].as_array().unwrap();
-    assert!(output.iter().all(|r| r["response"]["body"]["model"] == "tiny"), "answered by the engine's pod");
-    let first_answer = output.iter().filter_map(|r| r["response"]["body"]["created"].as_i64()).min().unwrap();
-    let created = finished["created_at"].as_i64().unwrap();
-    woken.until(&deployments, start, 0, 90).await;
-    eprintln!(
-        "[node] capacity: woken from zero: asked at {:.1}s, ready at {:.1}s, first line answered {} s after the batch's create, back at zero at {:.1}s (cooldown 10 s): {}",
-        woken.first(|asked, _| asked == 1).unwrap(),
-        woken.first(|_, ready| ready == 1).unwrap(),
-        first_answer - created,
-        woken.0.last().unwrap().0,
-        woken.show()
-    );
-    assert!(woken.0.iter().all(|(_, asked, _)| *asked <= 1), "one replica was enough: {}", woken.show());
-
-    // A batch that one replica cannot finish in its window: woken, then a second replica.
-    let start = Instant::now();
-    let mut late = Timeline::default();
-    let sdk = installation.sdk(600, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "64")]);
-    late.follow(&deployments, start, &sdk).await;
-    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
-    let finished = lines.last().unwrap();
-    assert_eq!(
-        finished["status"],
-        "expired",
-        "{}; why lines failed: {}; replicas over time: {}",
-        finished["counts"],
-        failure_codes(finished),
-        late.show()
-    );
-    let errors = finished["errors"].as_array().unwrap();
-    assert!(
-        errors.iter().all(|line| line["error"]["code"] == "batch_expired"),
-        "no line failed but by the window's end (none against a replica going away or not yet \
-         reachable): {}; replicas over time: {}",
-        failure_codes(finished),
-        late.show()
-    );
-    late.until(&deployments, start, 0, 120).await;
-    eprintln!("[node] capacity: a late batch ({}): replicas over time: {}", finished["counts"], late.show());
-    assert!(late.first(|asked, _| asked == 2).is_some(), "scaled to two for the window: {}", late.show());
-    assert!(late.0.iter().all(|(_, asked, _)| *asked <= 2), "never past max_replicas: {}", late.show());
-    let nightshift_api = deployments.get("nightshift-api").await.unwrap();
-    assert_eq!(nightshift_api.spec.unwrap().replicas, Some(2), "a workload not named is never touched");
 }

@@ -7,6 +7,7 @@ mod common;
 
 mod capacity;
 mod execution;
+mod load_signal;
 mod night_shift;
 mod presets;
 mod rate_limits;

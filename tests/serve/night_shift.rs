@@ -1,30 +1,19 @@
 //! The night shift on `nightshift serve`: the adaptive limit against the model-server
-//! simulator, the load signal holding batch dispatch (and failing harmlessly), a batch
-//! beside users at the simulator, the `priority` of batch lines, fair share between
-//! projects, and the ETA.
+//! simulator, a batch beside users at the simulator, the `priority` of batch lines, fair
+//! share between projects, and the ETA. The load signal's own hold, and its failures,
+//! are in `load_signal.rs`.
 
 use crate::common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-use axum::routing::get;
 use common::client::{Client, ids, input};
 use common::serve::Serve;
 use common::simulator::{SimConfig, Simulator};
 use common::upstream::MockUpstream;
-use common::{KEY, OTHER_KEY, OTHER_PROJECT, PROJECT};
+use common::{OTHER_KEY, OTHER_PROJECT};
 use serde_json::Value;
 use tempfile::TempDir;
-
-fn start(dir: &TempDir, extra: &str) -> (Serve, Client) {
-    let config = common::write_config(dir.path(), extra);
-    let serve = Serve::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
-    let client = Client::new(&serve.url, PROJECT, KEY);
-    (serve, client)
-}
 
 /// A value of serve's `/metrics` once it is there (the permit loop sets its gauges on its
 /// first tick, about when serve starts answering).
@@ -48,35 +37,6 @@ fn sim_input(lines: usize, max_tokens: u32) -> Vec<u8> {
         })
         .collect::<String>()
         .into_bytes()
-}
-
-/// A waiting count that makes [`signal`]'s endpoint stop answering.
-const SILENT: u64 = u64::MAX;
-
-/// A `/metrics` endpoint whose `vllm:num_requests_waiting` the test sets ([`SILENT`]:
-/// it accepts requests and never answers them); `garbage` makes it answer something
-/// else entirely.
-async fn signal(waiting: Arc<AtomicU64>, garbage: bool) -> String {
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let waiting = waiting.load(Ordering::Relaxed);
-            async move {
-                if waiting == SILENT {
-                    std::future::pending::<()>().await;
-                }
-                if garbage {
-                    "<html>metrics moved</html>".to_owned()
-                } else {
-                    format!("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n")
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -133,7 +93,7 @@ async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() 
             "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 512\n    adaptive: {adaptive}\nbatches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
             sim.url
         );
-        let (serve, client) = start(&dir, &upstream);
+        let (serve, client) = Serve::for_project(dir.path(), &upstream);
         let batch = client.create(&client.upload(sim_input(lines, 4)).await).await;
         let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
         assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
@@ -161,7 +121,7 @@ fn untuned_at(sim: &Simulator, dir: &TempDir, ceiling: u32) -> (Serve, Client) {
         sim.url,
         sim.metrics_url()
     );
-    start(dir, &upstream)
+    Serve::for_project(dir.path(), &upstream)
 }
 
 /// A batch alone at a large server (128 places, steps that hardly slow), untuned with its
@@ -255,7 +215,7 @@ async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
     let series = "nightshift_upstream_concurrency_limit{upstream=\"sim\"}";
     let kept = dir.path().join("data/limits/sim.json");
     {
-        let (serve, client) = start(&dir, &upstream);
+        let (serve, client) = Serve::for_project(dir.path(), &upstream);
         assert_eq!(first_metric(&serve, series).await, Some(8.0), "a first run starts at 8");
         let batch = client.create(&client.upload(sim_input(3000, 32)).await).await;
         let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
@@ -265,187 +225,10 @@ async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
     let kept: Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
     let limit = kept["limit"].as_f64().unwrap();
     assert!(limit > 8.0, "a limit measured past the start: {kept}");
-    let (serve, _client) = start(&dir, &upstream);
+    let (serve, _client) = Serve::for_project(dir.path(), &upstream);
     let resumed = first_metric(&serve, series).await;
     eprintln!("[night shift] kept {kept}; the next run starts at {resumed:?}");
     assert_eq!(resumed, Some(limit), "the next run starts where the last one settled");
-}
-
-/// The gauge that says batch dispatch to the mock upstream is held.
-const HELD: &str = "nightshift_upstream_dispatch_held{upstream=\"mock\"}";
-
-/// A batch of 20 lines in progress at a mock upstream whose load signal says 3 requests
-/// wait (`waiting` sets it), held at no line sent.
-struct Held {
-    upstream: MockUpstream,
-    waiting: Arc<AtomicU64>,
-    serve: Serve,
-    client: Client,
-    id: String,
-    _dir: TempDir,
-}
-
-async fn held_at_a_queue() -> Held {
-    let upstream = MockUpstream::start().await;
-    let waiting = Arc::new(AtomicU64::new(3));
-    let signal = signal(waiting.clone(), false).await;
-    let dir = TempDir::new().unwrap();
-    let config = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n    models: [\"mock-*\"]\n    load_signal:\n      url: {signal}\n      every: 50ms\nbatches:\n  reconcile_interval: 100ms\n",
-        upstream.base_url
-    );
-    let (serve, client) = start(&dir, &config);
-    common::cluster::eventually("dispatch held", 30, || async {
-        (serve.metric(HELD).await == Some(1.0)).then_some(())
-    })
-    .await;
-    let batch = client.create(&client.upload(input(&ids("r", 20), "mock-a")).await).await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
-    Held { upstream, waiting, serve, client, id, _dir: dir }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn batch_dispatch_holds_while_interactive_requests_queue_and_resumes_when_they_drain() {
-    let Held { upstream, waiting, serve, client, id, _dir } = held_at_a_queue().await;
-
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(upstream.total_calls(), 0, "3 interactive requests wait at the server: no batch line is sent");
-    waiting.store(0, Ordering::Relaxed);
-    let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
-    assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
-    assert_eq!(serve.metric(HELD).await, Some(0.0));
-}
-
-/// A signal that stops answering while users queue holds the batch a while: a server
-/// too busy to answer its metrics in time is not an empty one. Then the batch goes on
-/// without it, and the failures are counted.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_load_signal_that_stops_answering_while_users_queue_holds_the_batch_a_while() {
-    let Held { upstream, waiting, serve, client, id, _dir } = held_at_a_queue().await;
-
-    waiting.store(SILENT, Ordering::Relaxed);
-    // A reading times out after 800 ms here: some three fail in 3 s, well within the
-    // hold (`staleness::FAILED_HOLD`, 10 s).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let failures = "nightshift_load_signal_failures_total{upstream=\"mock\",reason=\"unreachable\"}";
-    assert!(serve.metric(failures).await.unwrap_or(0.0) >= 1.0, "readings failed meanwhile");
-    assert_eq!(upstream.total_calls(), 0, "the queue last read holds the batch through the failures");
-    assert_eq!(serve.metric(HELD).await, Some(1.0));
-    let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
-    assert_eq!(
-        batch["request_counts"]["completed"], 20,
-        "past the hold, the batch goes on without the signal: {batch}"
-    );
-    assert_eq!(serve.metric(HELD).await, Some(0.0));
-}
-
-/// Load signals that fail, time out or answer garbage from the start cost nothing but a
-/// warning metric: batches run on, governed by throughput alone.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_load_signal_that_fails_or_lies_never_stops_batches() {
-    let upstream = MockUpstream::start().await;
-    let garbage = signal(Arc::default(), true).await;
-    let closed = format!("http://127.0.0.1:{}/metrics", common::ports::claim_one());
-    // Accepts connections and never answers.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_url = format!("http://{}/metrics", silent.local_addr().unwrap());
-    let dir = TempDir::new().unwrap();
-    let upstreams: String = [("a", &garbage), ("b", &closed), ("c", &silent_url)]
-        .iter()
-        .map(|(name, url)| {
-            format!(
-                "  - name: {name}\n    base_url: {}\n    models: [\"mock-{name}\"]\n    load_signal: {{url: \"{url}\", every: 50ms}}\n",
-                upstream.base_url
-            )
-        })
-        .collect();
-    let (serve, client) = start(&dir, &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
-    let mut lines = Vec::new();
-    for model in ["mock-a", "mock-b", "mock-c"] {
-        lines.extend(input(&ids(model, 10), model));
-    }
-    let batch = client.create(&client.upload(lines).await).await;
-    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(60)).await;
-    assert_eq!(batch["request_counts"]["completed"], 30, "{batch}");
-    for (name, reason) in [("a", "invalid"), ("b", "unreachable"), ("c", "unreachable")] {
-        // The silent one fails once its read times out (a second or so).
-        let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}");
-        common::cluster::eventually(&format!("upstream {name}'s signal failures counted"), 30, || async {
-            (serve.metric(&series).await.unwrap_or(0.0) >= 1.0).then_some(())
-        })
-        .await;
-    }
-    drop(silent);
-}
-
-/// Signals that go stale are set aside, counted as `stale`: one stuck on a queue that
-/// never moves holds its batch a minute at most (it would hold it for ever), one that
-/// answers the same page while lines finish stops counting as the server's word.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_load_signal_gone_stale_is_set_aside_and_counted() {
-    let upstream = MockUpstream::start().await;
-    upstream.delay(Duration::from_millis(100));
-    let stuck_queue = signal(Arc::new(AtomicU64::new(5)), false).await;
-    let same_page = signal(Arc::default(), false).await;
-    let dir = TempDir::new().unwrap();
-    let upstreams: String = [("held", &stuck_queue, 16), ("flowing", &same_page, 2)]
-        .iter()
-        .map(|(name, url, concurrency)| {
-            format!(
-                "  - name: {name}\n    base_url: {}\n    models: [\"mock-{name}\"]\n    max_concurrency: {concurrency}\n    \
-                 adaptive: false\n    load_signal: {{url: \"{url}\"}}\n",
-                upstream.base_url
-            )
-        })
-        .collect();
-    let (serve, client) = start(&dir, &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
-    let mut lines = input(&ids("mock-held", 10), "mock-held");
-    // Two at a time, a tenth of a second each: 15 s of lines finishing.
-    lines.extend(input(&ids("mock-flowing", 300), "mock-flowing"));
-    let started = std::time::Instant::now();
-    let batch = client.create(&client.upload(lines).await).await;
-    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(150)).await;
-    assert_eq!(batch["request_counts"]["completed"], 310, "{batch}");
-    eprintln!("[night shift] a batch behind a stuck queue took {:?}", started.elapsed());
-    for name in ["held", "flowing"] {
-        let series = format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"stale\"}}");
-        assert!(serve.metric(&series).await.unwrap_or(0.0) >= 1.0, "{name}'s signal was set aside as stale");
-    }
-}
-
-#[test]
-fn load_signal_thresholds_weights_and_scheduling_out_of_range_are_refused_at_start() {
-    let upstream = |signal: &str| {
-        format!(
-            "storage: {{dir: /tmp/x}}\nupstreams:\n  - name: vllm\n    base_url: http://vllm:8000/v1\n    load_signal: {signal}\n"
-        )
-    };
-    let cases = [
-        (
-            upstream("{url: http://vllm:8000/metrics, max_kv_cache_usage: 1.5}"),
-            "max_kv_cache_usage must be more than 0 and at most 1",
-        ),
-        (
-            upstream("{url: http://vllm:8000/metrics, max_kv_cache_usage: 0}"),
-            "max_kv_cache_usage must be more than 0 and at most 1",
-        ),
-        (upstream("{url: http://vllm:8000/metrics, max_waiting: -2}"), "max_waiting must be 0 or more"),
-        (upstream("{url: http://vllm:8000/metrics, every: 1ms}"), "every must be between 50ms and 10s"),
-        (upstream("{url: \"vllm:8000\"}"), "not an http(s) URL"),
-        (upstream("{url: http://vllm:8000/metrics, server: tgi}"), "unknown variant"),
-        (
-            format!(
-                "storage: {{dir: /tmp/x}}\nprojects:\n  - id: {PROJECT}\n    api_keys: [{{plain: k}}]\n    weight: 0\n"
-            ),
-            "weight must be between 1 and 1000",
-        ),
-        ("storage: {dir: /tmp/x}\nbatches: {scheduling: lifo}\n".to_owned(), "unknown variant"),
-    ];
-    for (yaml, message) in cases {
-        let error = nightshift::config::Config::from_yaml(&yaml).unwrap_err().to_string();
-        assert!(error.contains(message), "{yaml}\n→ {error}");
-    }
 }
 
 /// vLLM's priority scheduling: batch lines carry the upstream's `priority`.
@@ -457,7 +240,7 @@ async fn batch_lines_carry_the_upstreams_priority() {
         "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 7\nbatches:\n  reconcile_interval: 100ms\n",
         sim.url
     );
-    let (_serve, client) = start(&dir, &config);
+    let (_serve, client) = Serve::for_project(dir.path(), &config);
     let batch = client.create(&client.upload(sim_input(20, 3)).await).await;
     let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(60)).await;
     assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
@@ -479,7 +262,7 @@ async fn a_small_batch_of_another_project_is_not_starved_by_a_huge_one() {
              shard_lines: 20\n  max_running_shards: 2\n  scheduling: {scheduling}\n",
             upstream.base_url
         );
-        let (serve, big) = start(&dir, &config);
+        let (serve, big) = Serve::for_project(dir.path(), &config);
         let small = Client::new(&serve.url, OTHER_PROJECT, OTHER_KEY);
         let big_batch = big.create(&big.upload(input(&ids("big", 600), "mock-a")).await).await;
         let big_id = big_batch["id"].as_str().unwrap().to_owned();
@@ -533,7 +316,7 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
             sim.url,
             batch.replace("{metrics}", &sim.metrics_url())
         );
-        let (serve, client) = start(&dir, &config);
+        let (serve, client) = Serve::for_project(dir.path(), &config);
         let id = client.create(&client.upload(sim_input(4000, 32)).await).await["id"].as_str().unwrap().to_owned();
         // The batch has found its place (places learned, a reserve taken) after a few seconds.
         client.wait(&id, Duration::from_secs(60), |b| b["request_counts"]["completed"].as_u64() >= Some(600)).await;
@@ -614,7 +397,7 @@ async fn beside_closed_loop_users(server: SimConfig, users: usize, settle: Durat
         sim.url,
         sim.metrics_url()
     );
-    let (_serve, client) = start(&dir, &config);
+    let (_serve, client) = Serve::for_project(dir.path(), &config);
     let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
     tokio::time::sleep(settle).await;
     let before = sim.stats();

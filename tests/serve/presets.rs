@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use common::client::{Client, ids, input};
+use common::client::{ids, input};
 use common::serve::Serve;
 use common::upstream::MockUpstream;
-use common::{KEY, PROJECT};
 use tempfile::TempDir;
 
 /// TensorRT-LLM's page (`trtllm-serve`'s `/prometheus/metrics`) with `waiting` queued.
@@ -66,10 +65,8 @@ async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
             })
             .collect();
     let dir = TempDir::new().unwrap();
-    let config =
-        common::write_config(dir.path(), &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
-    let serve = Serve::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
-    let client = Client::new(&serve.url, PROJECT, KEY);
+    let (serve, client) =
+        Serve::for_project(dir.path(), &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
     let held = |name: &str| format!("nightshift_upstream_dispatch_held{{upstream=\"{name}\"}}");
     common::cluster::eventually("both presets' queues read", 30, || async {
         let both = serve.metric(&held("trt")).await == Some(1.0) && serve.metric(&held("dyn")).await == Some(1.0);
