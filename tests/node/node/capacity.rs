@@ -83,6 +83,23 @@ impl Timeline {
     }
 }
 
+/// Runs a batch of `lines` for the engine's pods through the SDK, `max_tokens` a line,
+/// while following the engine's Deployment: its replicas over time, when it started, and
+/// the batch as it finished.
+async fn batch_following(
+    installation: &Installation,
+    deployments: &Api<Deployment>,
+    lines: usize,
+    max_tokens: u32,
+) -> (Timeline, Instant, Value) {
+    let start = Instant::now();
+    let mut timeline = Timeline::default();
+    let sdk = installation.sdk(lines, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", &max_tokens.to_string())]);
+    timeline.follow(deployments, start, &sdk).await;
+    let mut batch = tokio::task::block_in_place(|| sdk.join().unwrap());
+    (timeline, start, batch.pop().expect("the SDK printed the batch as it finished"))
+}
+
 /// The error file's lines of a finished batch, counted by code and message: what a
 /// failed assertion on its status shows.
 fn failure_codes(finished: &Value) -> String {
@@ -135,12 +152,7 @@ pub(super) async fn capacity_on_demand(installation: &Installation, image_tag: &
     assert!(!controller_may(installation, "patch", "nightshift-api"), "and no workload it was not told of");
 
     // A batch wakes the engine from zero; its lines wait for the ready replica.
-    let start = Instant::now();
-    let mut woken = Timeline::default();
-    let sdk = installation.sdk(20, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "8")]);
-    woken.follow(&deployments, start, &sdk).await;
-    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
-    let finished = lines.last().unwrap();
+    let (mut woken, start, finished) = batch_following(installation, &deployments, 20, 8).await;
     assert_eq!(finished["counts"], json!({"total": 20, "completed": 20, "failed": 0}), "none lost: {finished}");
     let output = finished["output"].as_array().unwrap();
     assert!(output.iter().all(|r| r["response"]["body"]["model"] == "tiny"), "answered by the engine's pod");
@@ -158,18 +170,13 @@ pub(super) async fn capacity_on_demand(installation: &Installation, image_tag: &
     assert!(woken.0.iter().all(|(_, asked, _)| *asked <= 1), "one replica was enough: {}", woken.show());
 
     // A batch that one replica cannot finish in its window: woken, then a second replica.
-    let start = Instant::now();
-    let mut late = Timeline::default();
-    let sdk = installation.sdk(600, &[("MODEL", "pod-tiny"), ("MAX_TOKENS", "64")]);
-    late.follow(&deployments, start, &sdk).await;
-    let lines = tokio::task::block_in_place(|| sdk.join().unwrap());
-    let finished = lines.last().unwrap();
+    let (mut late, start, finished) = batch_following(installation, &deployments, 600, 64).await;
     assert_eq!(
         finished["status"],
         "expired",
         "{}; why lines failed: {}; replicas over time: {}",
         finished["counts"],
-        failure_codes(finished),
+        failure_codes(&finished),
         late.show()
     );
     let errors = finished["errors"].as_array().unwrap();
@@ -177,7 +184,7 @@ pub(super) async fn capacity_on_demand(installation: &Installation, image_tag: &
         errors.iter().all(|line| line["error"]["code"] == "batch_expired"),
         "no line failed but by the window's end (none against a replica going away or not yet \
          reachable): {}; replicas over time: {}",
-        failure_codes(finished),
+        failure_codes(&finished),
         late.show()
     );
     late.until(&deployments, start, 0, 120).await;
