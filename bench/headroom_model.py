@@ -13,8 +13,8 @@ What it leaves out: steps that slow with the batch, a KV cache, answers' travel 
 and the throughput rule and the gate, which bind on other servers. It is a model: where
 it and the family bench disagree, the bench is right.
 
-Usage: bench/headroom_model.py [P] [LOAD] [READ]   (defaults: 16 0.4 0.1, the family's
-16-seq GPU-like server beside steady users at 40%)
+Usage: bench/headroom_model.py [P] [LOAD] [READ]   (defaults: 16 0.4 0.05, the family's
+16-seq GPU-like server beside steady users at 40%, read at `load_signal.every`'s default)
 """
 
 import collections
@@ -140,15 +140,38 @@ class Follow:
         return self.places - self.margin - others
 
 
+class Learned:
+    """The places less what others hold at this reading, less a margin learned from the
+    queues seen: a place more after a reading where at least 1, or `tolerated` of the
+    places, waited; `ebb` of a place less after any other (1 at the least)."""
+
+    def __init__(self, tolerated=0.05, ebb=0.01):
+        self.tolerated, self.ebb = tolerated, ebb
+
+    def __str__(self):
+        return f"learned, {self.tolerated:g} tolerated"
+
+    def start(self, places):
+        self.places, self.margin = places, 1.0
+
+    def cap(self, now, others, ours, waiting):
+        if waiting >= max(1.0, self.tolerated * self.places):
+            self.margin = min(self.places, self.margin + 1.0)
+        else:
+            self.margin = max(1.0, self.margin - self.ebb)
+        return self.places - self.margin - others
+
+
 def main():
     places = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     load = float(sys.argv[2]) if len(sys.argv) > 2 else 0.4
-    read = float(sys.argv[3]) if len(sys.argv) > 3 else 0.1
+    read = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
     free = int(places * (1 - load))
     fixed = sorted({max(1, round(free * f)) for f in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)})
     policies = [Fixed(n) for n in fixed]
     policies += [Headroom(), Headroom(0.1 * places)]
     policies += [Follow(m) for m in sorted({max(1, round(places * f)) for f in (0.25, 0.4, 0.5)})]
+    policies += [Learned()]
     print(f"{places} places, users at {load:.0%}, a reading every {read * 1000:.0f} ms; three seeds each")
     print("| policy | users' p99 / S | batch's share of the idle capacity |")
     print("| --- | --- | --- |")
