@@ -140,26 +140,28 @@ class Follow:
         return self.places - self.margin - others
 
 
-class Learned:
-    """The places less what others hold at this reading, less a margin learned from the
-    queues seen: a place more after a reading where at least 1, or `tolerated` of the
-    places, waited; `ebb` of a place less after any other (1 at the least)."""
+class Learned(Follow):
+    """A follower whose margin is learned from the queues seen: a place more after a
+    reading where at least 1, or `tolerated` of the places, waited; `ebb` of a place less
+    after any other (1 at the least, the places at the most)."""
 
     def __init__(self, tolerated=0.05, ebb=0.01):
+        super().__init__(1.0)
         self.tolerated, self.ebb = tolerated, ebb
 
     def __str__(self):
         return f"learned, {self.tolerated:g} tolerated"
 
     def start(self, places):
-        self.places, self.margin = places, 1.0
+        super().start(places)
+        self.margin = 1.0
 
     def cap(self, now, others, ours, waiting):
         if waiting >= max(1.0, self.tolerated * self.places):
             self.margin = min(self.places, self.margin + 1.0)
         else:
             self.margin = max(1.0, self.margin - self.ebb)
-        return self.places - self.margin - others
+        return super().cap(now, others, ours, waiting)
 
 
 def main():
