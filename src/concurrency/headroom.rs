@@ -1,6 +1,5 @@
 //! Room kept free at the server for its users: a cap that leaves the server's other
-//! traffic the places it uses, and a reserve for what arrives before the next reading,
-//! no larger than the server's queues show it needs to be.
+//! traffic the places it uses, and a reserve for what arrives before the next reading.
 //! Pure: the caller passes the time, the reading and its own requests in flight.
 //!
 //! The design: docs/src/night-shift-design.md#the-headroom-room-kept-for-the-users
@@ -35,16 +34,6 @@ pub const QUEUE_ALONE: f64 = 0.25;
 /// slots before the server counted 8; one grown by half the lines counted on top of
 /// those in flight still climbed a line a reading while it counted 2, to 12.
 pub const GROWTH_ALONE: f64 = 1.5;
-/// Beside other traffic, a reading where at least this share of the places (a request at
-/// least) waited is a queue: the margin grows by a place.
-pub const MARGIN_QUEUE: f64 = 0.05;
-/// A reading beside other traffic with no queue takes this much of a place off the
-/// margin. Against a place for a queue, the margin settles where about one reading in a
-/// hundred sees one. At the family's 16-seq GPU-like server, beside steady users at 40%,
-/// six 30-s windows took 0.38-0.47 of the idle capacity at 1.04-1.14x the users' p99,
-/// against 0.34-0.45 at 1.07-1.13x with the reserve alone; the default simulator's users
-/// got 1.17-1.18x for 0.81-0.83, against 1.13-1.14x for 0.77-0.80.
-pub const MARGIN_EBB: f64 = 0.01;
 
 /// One reading of the server, with this process's batch requests.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,37 +75,15 @@ pub struct Headroom {
     fills: VecDeque<(Instant, f64)>,
     /// Alone, no queue is kept: it costs this server ([`super::queue`]).
     unqueued: bool,
-    /// The most the reserve may be, learned from the queues seen beside other traffic
-    /// (`None`: none seen yet, and the reserve alone holds).
-    margin: Option<f64>,
 }
 
 impl Headroom {
-    /// The places kept free for other traffic now: the most it grew by between two
-    /// readings lately (a place at least), no more than the margin learned.
+    /// The places kept free for other traffic now.
     pub fn reserve(&self) -> f64 {
         if self.alone {
             return 0.0;
         }
-        let margin = self.margin.unwrap_or(f64::INFINITY);
-        self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max).min(margin)
-    }
-
-    /// Learns the margin from a reading beside other traffic: a place more where a
-    /// queue was seen ([`MARGIN_QUEUE`]), [`MARGIN_EBB`] of one less where none was;
-    /// a place at least, the places at most. The first queue starts it at the reserve
-    /// then, and a place more. Users kept waiting are what the reserve is for; the rises
-    /// it counts also hold cohorts of the batch's own lines that were not heard in time
-    /// and users the server had room for.
-    fn learn_margin(&mut self, waiting: f64, places: f64) {
-        let queued = waiting >= (MARGIN_QUEUE * places).max(1.0);
-        let margin = match self.margin {
-            None if !queued => return,
-            None => self.reserve() + 1.0,
-            Some(margin) if queued => margin + 1.0,
-            Some(margin) => margin - MARGIN_EBB,
-        };
-        self.margin = Some(margin.min(places).max(1.0));
+        self.rises.iter().map(|(_, rise)| *rise).fold(1.0, f64::max)
     }
 
     /// Whether a batch alone keeps [`QUEUE_ALONE`] queued at the server (it does unless
@@ -186,9 +153,6 @@ impl Headroom {
             let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
             return self.alone.then_some(grown.max(f64::from(rule::INITIAL)));
         };
-        if !self.alone {
-            self.learn_margin(occupancy.waiting, places);
-        }
         let free = if self.alone {
             // The server's own count of the batch's lines: a line on its way back holds
             // no place there, and a short queue fills a place the step it is freed.
@@ -410,48 +374,6 @@ mod tests {
         // but the batch never took the places they seemed to leave.
         assert_eq!(headroom.read(at(start, 6300), occupancy(32.0, 0.0, 20), 1.0), Some(20.0 - 10.0));
         assert_eq!(headroom.reserve(), 10.0);
-    }
-
-    #[test]
-    fn the_reserve_is_no_more_than_the_queues_seen_beside_others_call_for() {
-        let start = Instant::now();
-        let mut headroom = Headroom::default();
-        // Others hold 3, and 2 of the server's 32 places' requests wait: the first queue
-        // starts the margin at the reserve (1), and a place more.
-        headroom.read(start, occupancy(32.0, 2.0, 31), 1.0);
-        assert_eq!(headroom.margin, Some(2.0));
-        // No queue for 10 s: it ebbs to a place, and no further.
-        for n in 1..=100 {
-            headroom.read(at(start, n * 100), occupancy(32.0, 0.0, 29), 1.0);
-        }
-        assert_eq!(headroom.margin, Some(1.0));
-        // Users come, others 3 → 11, and nobody waits: the rise (8) is not kept free, the
-        // margin (1) is.
-        assert_eq!(headroom.read(at(start, 10_100), occupancy(32.0, 0.0, 21), 1.0), Some(32.0 - 11.0 - 1.0));
-        assert_eq!(headroom.reserve(), 1.0);
-        // More come, and 3 wait: a place more.
-        assert_eq!(headroom.read(at(start, 10_200), occupancy(32.0, 3.0, 20), 1.0), Some(32.0 - 15.0 - 2.0));
-        assert_eq!(headroom.reserve(), 2.0);
-        // Where they queue reading after reading, the margin grows to the places, and the
-        // reserve is the rises' again.
-        for n in 103..=150 {
-            headroom.read(at(start, n * 100), occupancy(32.0, 3.0, 20), 1.0);
-        }
-        assert_eq!(headroom.margin, Some(32.0));
-        assert_eq!(headroom.reserve(), 8.0);
-        // Alone (no others for 5 s), nothing is learned: the margin is what it was when
-        // users come back.
-        let mut n = 151;
-        while !headroom.alone() {
-            headroom.read(at(start, n * 100), occupancy(16.0, 0.0, 16), 1.0);
-            n += 1;
-        }
-        let margin = headroom.margin;
-        assert!(margin.is_some_and(|margin| margin < 32.0), "it ebbed until the batch was alone");
-        for later in n..n + 100 {
-            headroom.read(at(start, later * 100), occupancy(16.0, 0.0, 16), 1.0);
-        }
-        assert_eq!(headroom.margin, margin);
     }
 
     #[test]
