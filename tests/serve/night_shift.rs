@@ -299,8 +299,8 @@ async fn a_small_batch_of_another_project_is_not_starved_by_a_huge_one() {
 /// (Where it settles is the gate's trade: a queue now and then cuts the cap, so it holds
 /// 7.6 to 10.4 of them from run to run, over 5 s; it is read over 10 s here.) A batch at
 /// a fixed 16 (the server's batch size: a good guess, but blind to users) makes many of
-/// them wait (about half: 49% in one run, which a bound of 50% failed). (Without the load signal, the adaptive limit alone made 28% of them wait,
-/// at 11.6 places.)
+/// them wait (about half: 49% in one run, which a bound of 50% failed). (Without the
+/// load signal, the adaptive limit alone made 28% of them wait, at 11.6 places.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
     let server = SimConfig { max_batch: 16, step_base: Duration::from_millis(2), ..SimConfig::default() };
