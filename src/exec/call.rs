@@ -110,6 +110,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
         match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
+                let remote = response.remote_addr();
                 if status == 429 || status == 503 {
                     upstream.observed.overloaded();
                 }
@@ -132,7 +133,10 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
                         }
                         return outcome;
                     }
-                    Verdict::Fail(failure) => return LineOutcome::Failure(failure),
+                    Verdict::Fail(failure) => {
+                        upstream.log_rejection(status, remote, &failure.message);
+                        return LineOutcome::Failure(failure);
+                    }
                     Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
                 }
             }

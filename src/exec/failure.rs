@@ -119,6 +119,7 @@ fn is_quota_exhausted(body: &[u8]) -> bool {
 pub fn judge(status: u16, body: &[u8]) -> Verdict {
     let fail = |code, legacy: &str| {
         let (detail, param) = upstream_detail(body);
+        let detail = if detail.is_empty() { format!("The upstream answered {status} with no body") } else { detail };
         Verdict::Fail(LineFailure { code, message: format!("[legacy:{legacy}] {detail}"), param })
     };
     match status {
@@ -248,6 +249,10 @@ mod tests {
             let failure = failure(status, "plain text detail");
             assert_eq!(failure.code, code, "{status}");
             assert_eq!(failure.message, format!("{prefix} plain text detail"));
+        }
+        // A proxy or a half-started server answers with nothing: the message says so.
+        for body in ["", " \n"] {
+            assert_eq!(failure(404, body).message, "[legacy:http_404] The upstream answered 404 with no body");
         }
     }
 

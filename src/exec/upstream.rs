@@ -3,7 +3,7 @@
 //! Kubernetes worker they are the pod's share of the installation's limit.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
@@ -43,6 +43,8 @@ pub struct Upstream {
     pub control: Control,
     /// Since when it has refused connections, shared by its lines.
     pub reachability: Reachability,
+    /// When a line it failed was last logged, with the address that answered.
+    rejection_logged: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Upstream {
@@ -52,7 +54,22 @@ impl Upstream {
         let position = BATCHABLE_URLS.iter().position(|url| *url == endpoint).unwrap_or(0);
         &self.urls[position]
     }
+
+    /// Logs a line this upstream failed (`status`, from `remote`) at most every
+    /// [`REJECTION_LOG_EVERY`]: which address answered is in no error file, and tells a
+    /// replica or a proxy that answers wrongly from the model server itself.
+    pub fn log_rejection(&self, status: u16, remote: Option<std::net::SocketAddr>, message: &str) {
+        let mut logged = self.rejection_logged.lock().expect("never poisoned");
+        if logged.is_some_and(|at| at.elapsed() < REJECTION_LOG_EVERY) {
+            return;
+        }
+        *logged = Some(Instant::now());
+        tracing::warn!(upstream = %self.name, status, ?remote, message, "the upstream failed a line (its error file has every one)");
+    }
 }
+
+/// The least time between two lines logged as failed by one upstream.
+pub const REJECTION_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Every configured upstream, in the order of the configuration: the first whose
 /// `models` match serves the line. The built-in `echo` model serves what no upstream
@@ -112,6 +129,7 @@ impl Upstreams {
                 observed: Observed::default(),
                 control: Control::default(),
                 reachability: Reachability::default(),
+                rejection_logged: std::sync::Mutex::default(),
             });
         }
         Ok(Self { upstreams })
