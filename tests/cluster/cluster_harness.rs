@@ -1,16 +1,16 @@
-//! Proves the test-cluster harness (`tests/common/cluster.rs`): real Jobs run
-//! to completion through the Job controller, crashed Pods are retried,
-//! cascading deletion terminates processes, and ServiceAccount tokens are
-//! subject to RBAC.
+//! Proves the test-cluster harness (`tests/common/cluster.rs`, `tests/common/kubelet.rs`):
+//! real Jobs run to completion through the Job controller, crashed Pods are retried,
+//! cascading deletion terminates processes, and ServiceAccount tokens are subject to RBAC.
 //!
 //! Needs the toolchain from `tests/tools/install-kube.sh`.
 
 use crate::common::cluster;
+use crate::common::kubelet::Kubelet;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use cluster::{Kubelet, TestCluster, eventually};
+use cluster::{TestCluster, eventually};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};

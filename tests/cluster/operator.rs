@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use common::TestS3;
 use common::client::Client;
-use common::cluster::{Kubelet, TestCluster, eventually};
+use common::cluster::{TestCluster, eventually};
+use common::kubelet::Kubelet;
 use common::process::{Process, spawn};
 use common::sts::Sts;
 use common::upstream::MockUpstream;

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod faults;
 pub mod image;
 pub mod interactive;
+pub mod kubelet;
 pub mod multipart;
 pub mod node;
 pub mod ports;

@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::TestS3;
-use common::cluster::{Kubelet, TestCluster, eventually};
+use common::cluster::{TestCluster, eventually};
+use common::kubelet::Kubelet;
 use common::process::spawn;
 use common::tools::{helm, kubectl_bin, run};
 use k8s_openapi::api::batch::v1::Job;
