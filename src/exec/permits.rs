@@ -26,6 +26,7 @@ use crate::concurrency::signals;
 use crate::concurrency::staleness::{Sample, Stale, Staleness};
 use crate::metrics::METRICS;
 use crate::storage::ObjectStore;
+use crate::telemetry::LogThrottle;
 
 /// How often the loop looks.
 pub const TICK: Duration = Duration::from_millis(50);
@@ -144,7 +145,8 @@ struct LoadCaps {
     others: bool,
     staleness: Staleness,
     next_read: tokio::time::Instant,
-    warned: Option<tokio::time::Instant>,
+    /// The failing signal's warning, at most every [`WARN_EVERY`].
+    warned: LogThrottle,
     upstream: String,
     held: Gauge,
 }
@@ -163,7 +165,7 @@ impl LoadCaps {
             others: false,
             staleness: Staleness::default(),
             next_read: tokio::time::Instant::now(),
-            warned: None,
+            warned: LogThrottle::every(WARN_EVERY),
             upstream: upstream.name.clone(),
             held: METRICS.dispatch_held_of(&upstream.name),
         }
@@ -174,8 +176,7 @@ impl LoadCaps {
     /// set aside, after [`crate::concurrency::staleness::FAILED_HOLD`] of failures.
     fn failed(&mut self, reason: &'static str, detail: &str) {
         METRICS.load_signal_failures_of(&self.upstream, reason).inc();
-        if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-            self.warned = Some(tokio::time::Instant::now());
+        if self.warned.due(std::time::Instant::now()) {
             tracing::warn!(upstream = %self.upstream, reason, detail, "the load signal failed; batches go on without it");
         }
     }

@@ -15,6 +15,7 @@ use crate::concurrency::control::Control;
 use crate::concurrency::signals::LoadSignalConfig;
 use crate::config::UpstreamConfig;
 pub use crate::config::upstreams::{ECHO_MODEL, Route};
+use crate::telemetry::LogThrottle;
 use crate::validate::BATCHABLE_URLS;
 
 pub struct Upstream {
@@ -43,8 +44,9 @@ pub struct Upstream {
     pub control: Control,
     /// Since when it has refused connections, shared by its lines.
     pub reachability: Reachability,
-    /// When a line it failed was last logged, with the address that answered.
-    rejection_logged: std::sync::Mutex<Option<Instant>>,
+    /// Lines it failed, logged with the address that answered at most every
+    /// [`REJECTION_LOG_EVERY`].
+    rejections: std::sync::Mutex<LogThrottle>,
 }
 
 impl Upstream {
@@ -59,17 +61,15 @@ impl Upstream {
     /// [`REJECTION_LOG_EVERY`]: which address answered is in no error file, and tells a
     /// replica or a proxy that answers wrongly from the model server itself.
     pub fn log_rejection(&self, status: u16, remote: Option<std::net::SocketAddr>, message: &str) {
-        let mut logged = self.rejection_logged.lock().expect("never poisoned");
-        if logged.is_some_and(|at| at.elapsed() < REJECTION_LOG_EVERY) {
+        if !self.rejections.lock().expect("never poisoned").due(Instant::now()) {
             return;
         }
-        *logged = Some(Instant::now());
         tracing::warn!(upstream = %self.name, status, ?remote, message, "the upstream failed a line (its error file has every one)");
     }
 }
 
 /// The least time between two lines logged as failed by one upstream.
-pub const REJECTION_LOG_EVERY: Duration = Duration::from_secs(60);
+const REJECTION_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Every configured upstream, in the order of the configuration: the first whose
 /// `models` match serves the line. The built-in `echo` model serves what no upstream
@@ -129,7 +129,7 @@ impl Upstreams {
                 observed: Observed::default(),
                 control: Control::default(),
                 reachability: Reachability::default(),
-                rejection_logged: std::sync::Mutex::default(),
+                rejections: std::sync::Mutex::new(LogThrottle::every(REJECTION_LOG_EVERY)),
             });
         }
         Ok(Self { upstreams })
