@@ -10,8 +10,14 @@ use std::time::{Duration, Instant};
 pub const WINDOW: Duration = Duration::from_secs(1);
 /// The weight of the latest window's share of marked readings in `alpha`.
 pub const G: f64 = 0.25;
-/// While nothing queues, the cap grows this much a second…
+/// While nothing queues, the cap grows this much a second for every [`PROBE_PLACES`] of
+/// the server's places (this much at least)…
 pub const PROBE_PER_SEC: f64 = 0.5;
+/// … so that a cap cut by half grows back in the same time at any server's size: at a
+/// server of 256 places, half a line a second took some 40 s to regrow what a queue at
+/// the start had cut, while the room beside the users stood free. 32: the default
+/// simulator's places, on which the pace was tuned; below that it is unchanged.
+pub const PROBE_PLACES: f64 = 32.0;
 /// … times the seconds since the last queue over this (at least once, at most
 /// [`MAX_SPEEDUP`] times).
 pub const ACCELERATE_AFTER: Duration = Duration::from_secs(5);
@@ -62,9 +68,17 @@ impl Gate {
         self.cap.map(|cap| cap.floor() as u32)
     }
 
-    /// Takes a reading in, with this process's batch requests `in_flight` and the
-    /// throughput rule's `limit`; returns the cap.
-    pub fn read(&mut self, now: Instant, pressure: Pressure, in_flight: u32, limit: u32) -> Option<u32> {
+    /// Takes a reading in, with this process's batch requests `in_flight`, the
+    /// throughput rule's `limit` and the server's `places` where they are known; returns
+    /// the cap.
+    pub fn read(
+        &mut self,
+        now: Instant,
+        pressure: Pressure,
+        in_flight: u32,
+        limit: u32,
+        places: Option<f64>,
+    ) -> Option<u32> {
         let gap = self.last.map_or(Duration::ZERO, |last| now.saturating_duration_since(last)).min(MAX_GAP);
         self.last = Some(now);
         let in_flight = f64::from(in_flight);
@@ -93,7 +107,8 @@ impl Gate {
                 {
                     let calm = self.queued.map_or(Duration::MAX, |at| now.saturating_duration_since(at));
                     let speed = (calm.as_secs_f64() / ACCELERATE_AFTER.as_secs_f64()).clamp(1.0, MAX_SPEEDUP);
-                    let grown = cap + PROBE_PER_SEC * speed * gap.as_secs_f64();
+                    let scale = places.map_or(1.0, |places| (places / PROBE_PLACES).max(1.0));
+                    let grown = cap + PROBE_PER_SEC * scale * speed * gap.as_secs_f64();
                     self.cap = (grown < f64::from(limit)).then_some(grown);
                 }
             }
@@ -139,7 +154,7 @@ mod tests {
 
         fn read(&mut self, pressure: Pressure, in_flight: u32) -> Option<u32> {
             self.now += Duration::from_millis(100);
-            self.gate.read(self.now, pressure, in_flight, LIMIT)
+            self.gate.read(self.now, pressure, in_flight, LIMIT, None)
         }
 
         /// A window's ten readings, the first `marked` even ones seeing a queue (never
@@ -253,11 +268,29 @@ mod tests {
     fn a_stalled_loop_grows_the_cap_by_one_gap_at_the_fastest_pace_at_most() {
         let mut gate = Gate::default();
         let start = Instant::now();
-        assert_eq!(gate.read(start, QUEUE, 10, LIMIT), Some(10));
+        assert_eq!(gate.read(start, QUEUE, 10, LIMIT, None), Some(10));
         // An hour later: the window's cut (its one reading saw a queue: alpha stays 1,
         // the cap halves), then one second's growth at ten times the pace.
         let later = start + Duration::from_secs(3600);
-        assert_eq!(gate.read(later, Pressure::Clear, 10, LIMIT), Some(10));
+        assert_eq!(gate.read(later, Pressure::Clear, 10, LIMIT, None), Some(10));
         assert!((gate.cap.unwrap() - (5.0 + PROBE_PER_SEC * MAX_SPEEDUP)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_cap_grows_in_proportion_to_a_server_larger_than_the_pace_was_tuned_on() {
+        let start = Instant::now();
+        let second = start + Duration::from_secs(1);
+        let grown = |places| {
+            let mut gate = Gate::default();
+            gate.read(start, Pressure::Clear, 100, 1024, places);
+            gate.cap = Some(100.0);
+            gate.queued = Some(start);
+            gate.read(second, Pressure::Clear, 100, 1024, places);
+            gate.cap.unwrap() - 100.0
+        };
+        assert!((grown(None) - PROBE_PER_SEC).abs() < 1e-9);
+        assert!((grown(Some(16.0)) - PROBE_PER_SEC).abs() < 1e-9, "no slower below 32 places");
+        assert!((grown(Some(32.0)) - PROBE_PER_SEC).abs() < 1e-9);
+        assert!((grown(Some(256.0)) - 8.0 * PROBE_PER_SEC).abs() < 1e-9, "eight times at 256");
     }
 }

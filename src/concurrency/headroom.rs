@@ -92,6 +92,11 @@ impl Headroom {
         self.unqueued = !queue;
     }
 
+    /// The server's places as learned: the most it ran when it was full, or since.
+    pub fn places(&self) -> Option<f64> {
+        self.places
+    }
+
     /// No reading saw other traffic over the last [`RESERVE_OVER`].
     pub fn alone(&self) -> bool {
         self.alone

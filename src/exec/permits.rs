@@ -246,7 +246,7 @@ impl LoadCaps {
             self.gate = Gate::default();
         }
         let pressure = if alone { Pressure::Clear } else { pressure };
-        let cap = self.gate.read(now, pressure, in_flight, limit);
+        let cap = self.gate.read(now, pressure, in_flight, limit, self.headroom.places());
         // What the server ran since the reading before, for the lines' own averages
         // ([`delay`]); a gap of more than a second says nothing of it.
         match runs {
