@@ -69,8 +69,8 @@ impl Gate {
     }
 
     /// Takes a reading in, with this process's batch requests `in_flight`, the
-    /// throughput rule's `limit` and the server's `places` where they are known; returns
-    /// the cap.
+    /// throughput rule's `limit` and the server's `places` where they are known (this
+    /// process's part of them, where it shares the server's room); returns the cap.
     pub fn read(
         &mut self,
         now: Instant,

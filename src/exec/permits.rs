@@ -246,7 +246,10 @@ impl LoadCaps {
             self.gate = Gate::default();
         }
         let pressure = if alone { Pressure::Clear } else { pressure };
-        let cap = self.gate.read(now, pressure, in_flight, limit, self.headroom.places());
+        // The gate grows with this process's part of the server's places: a worker pod's cap is
+        // its part of the room, and regrows in the time a lone process's does.
+        let places = self.headroom.places().map(|places| places * part);
+        let cap = self.gate.read(now, pressure, in_flight, limit, places);
         // What the server ran since the reading before, for the lines' own averages
         // ([`delay`]); a gap of more than a second says nothing of it.
         match runs {
