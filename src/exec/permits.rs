@@ -144,6 +144,9 @@ struct LoadCaps {
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
     staleness: Staleness,
+    /// Readings ask for the signal's metrics by name ([`signals::read`]) until the server
+    /// refuses the query.
+    by_name: bool,
     next_read: tokio::time::Instant,
     /// The failing signal's warning, at most every [`WARN_EVERY`].
     warned: LogThrottle,
@@ -164,6 +167,7 @@ impl LoadCaps {
             clear: true,
             others: false,
             staleness: Staleness::default(),
+            by_name: true,
             next_read: tokio::time::Instant::now(),
             warned: LogThrottle::every(WARN_EVERY),
             upstream: upstream.name.clone(),
@@ -307,7 +311,7 @@ impl LoadCaps {
         client: &reqwest::Client,
         signal: &signals::LoadSignalConfig,
     ) -> Option<(Pressure, Option<Runs>)> {
-        let read = match signals::read(client, signal).await {
+        let read = match signals::read(client, signal, &mut self.by_name).await {
             Ok((reading, digest)) => {
                 let pressure = reading.pressure(signal);
                 let sample = Sample {

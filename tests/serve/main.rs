@@ -13,6 +13,7 @@ mod presets;
 mod rate_limits;
 mod s3_credentials;
 mod sdk_e2e;
+mod signal_by_name;
 mod slow_clients;
 mod storage_faults;
 mod webhooks;
