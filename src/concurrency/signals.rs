@@ -128,7 +128,7 @@ pub struct LoadSignalConfig {
 /// batch can give back when users come is what it has not sent before it hears of them.
 /// Read twice as often, the headroom beside users took more of the idle capacity at no
 /// higher p99 on the family's 16- and 64-seq servers
-/// (docs/src/night-shift.md#readings-every-50-ms).
+/// (docs/src/night-shift-record.md#readings-every-50-ms).
 fn default_every() -> Duration {
     Duration::from_millis(50)
 }
