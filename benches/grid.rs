@@ -196,7 +196,7 @@ impl Serve {
         let create =
             json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
         let batch = answer(self.auth(self.client.post(format!("{}/v1/batches", self.url))).json(&create)).await;
-        let id = batch["id"].as_str().expect("batch created").to_owned();
+        let id = batch["id"].as_str().unwrap_or_else(|| panic!("the batch was not created: {batch}")).to_owned();
         loop {
             let batch = answer(self.auth(self.client.get(format!("{}/v1/batches/{id}", self.url)))).await;
             if !matches!(batch["status"].as_str(), Some("validating" | "in_progress" | "finalizing")) {
