@@ -406,18 +406,19 @@ mod tests {
 
     #[test]
     fn a_reading_asks_for_every_sample_it_reads_and_no_other() {
-        let vllm = config("url: http://vllm:8000/metrics");
+        // Every name of a preset, in the order they are looked for (vLLM's are asserted
+        // over HTTP, tests/serve/signal_by_name.rs).
+        let sglang = config("url: http://sglang:30000/metrics\nserver: sglang");
         assert_eq!(
-            vllm.sample_names(),
+            sglang.sample_names(),
             [
-                "vllm:num_requests_waiting",
-                "vllm:num_requests_running",
-                "vllm:kv_cache_usage_perc",
-                "vllm:gpu_cache_usage_perc",
-                "vllm:inter_token_latency_seconds_sum",
-                "vllm:inter_token_latency_seconds_count",
-                "vllm:time_per_output_token_seconds_sum",
-                "vllm:time_per_output_token_seconds_count",
+                "sglang:num_queue_reqs",
+                "sglang:num_running_reqs",
+                "sglang:token_usage",
+                "sglang:inter_token_latency_seconds_sum",
+                "sglang:inter_token_latency_seconds_count",
+                "sglang:time_per_output_token_seconds_sum",
+                "sglang:time_per_output_token_seconds_count",
             ]
         );
         // Named metrics replace the preset's; a histogram named for the time a token is
