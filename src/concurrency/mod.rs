@@ -10,6 +10,7 @@ pub mod gate;
 pub mod governor;
 pub mod headroom;
 pub mod line;
+pub mod presets;
 pub mod priority;
 pub mod queue;
 pub mod rule;

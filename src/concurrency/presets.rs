@@ -1,0 +1,88 @@
+//! The load signal's presets: each model server's own metric names, the defaults of
+//! `upstreams[].load_signal` for `server: vllm | sglang | llamacpp | trtllm | dynamo`.
+//!
+//! The design: docs/src/night-shift-design.md#the-load-signals-the-servers-own-metrics
+
+use serde::Deserialize;
+
+/// The server whose metric names are the defaults.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    #[default]
+    Vllm,
+    Sglang,
+    /// llama.cpp's `llama-server` (started with `--metrics`).
+    Llamacpp,
+    /// TensorRT-LLM's `trtllm-serve`.
+    Trtllm,
+    /// NVIDIA Dynamo's frontend.
+    Dynamo,
+}
+
+impl ServerKind {
+    /// The metric of requests waiting; of several names, the first present counts.
+    pub(super) fn waiting(self) -> &'static [&'static str] {
+        match self {
+            Self::Vllm => &["vllm:num_requests_waiting"],
+            Self::Sglang => &["sglang:num_queue_reqs"],
+            Self::Llamacpp => &["llamacpp:requests_deferred"],
+            Self::Trtllm => &["trtllm_num_requests_waiting"],
+            Self::Dynamo => &["dynamo_frontend_queued_requests"],
+        }
+    }
+
+    pub(super) fn kv_cache(self) -> &'static [&'static str] {
+        match self {
+            // Older vLLM releases call it gpu_cache_usage_perc.
+            Self::Vllm => &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+            Self::Sglang => &["sglang:token_usage"],
+            Self::Trtllm => &["trtllm_kv_cache_utilization"],
+            Self::Llamacpp | Self::Dynamo => &[],
+        }
+    }
+
+    pub(super) fn running(self) -> &'static [&'static str] {
+        match self {
+            Self::Vllm => &["vllm:num_requests_running"],
+            Self::Sglang => &["sglang:num_running_reqs"],
+            // Busy slots.
+            Self::Llamacpp => &["llamacpp:requests_processing"],
+            Self::Trtllm => &["trtllm_num_requests_running"],
+            // In flight through the frontend: running and queued together.
+            Self::Dynamo => &["dynamo_frontend_inflight_requests"],
+        }
+    }
+
+    /// Where the server says how long its sequences take a token: (seconds, tokens), a
+    /// histogram's sum and count or two counters; of several pairs, the first present.
+    /// Unlike a line's own time, it leaves out the time a request waited in the queue.
+    pub(super) fn token_time(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            // Newer vLLM releases name the histogram for the inter-token latency.
+            Self::Vllm => &[
+                ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"),
+                ("vllm:time_per_output_token_seconds_sum", "vllm:time_per_output_token_seconds_count"),
+            ],
+            Self::Sglang => &[
+                ("sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count"),
+                ("sglang:time_per_output_token_seconds_sum", "sglang:time_per_output_token_seconds_count"),
+            ],
+            // Each slot's generation time, summed as requests finish.
+            Self::Llamacpp => &[("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total")],
+            // A request's mean time per token, once a request.
+            Self::Trtllm => {
+                &[("trtllm_time_per_output_token_seconds_sum", "trtllm_time_per_output_token_seconds_count")]
+            }
+            Self::Dynamo => &[(
+                "dynamo_frontend_inter_token_latency_seconds_sum",
+                "dynamo_frontend_inter_token_latency_seconds_count",
+            )],
+        }
+    }
+
+    /// Whether its running metric counts the waiting requests too.
+    pub(super) fn running_counts_waiting(self) -> bool {
+        self == Self::Dynamo
+    }
+}
