@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::ExecError;
 use super::journal;
@@ -100,6 +101,9 @@ impl ShardLedger {
     }
 }
 
+/// Checkpoints a ledger reads from storage at once.
+const READS_AT_ONCE: usize = 32;
+
 /// Reads shards' checkpoints and claims. Neither changes once written, so each is
 /// fetched once and then served from memory: polling progress costs two listings.
 #[derive(Default)]
@@ -131,10 +135,15 @@ impl CheckpointReader {
         shard: u32,
     ) -> Result<(Option<Arc<Claim>>, Vec<Arc<Checkpoint>>), ExecError> {
         let prefix = shard_prefix(batch, shard);
-        let mut checkpoints = Vec::new();
-        for key in store.list(&format!("{prefix}checkpoint-")).await? {
-            checkpoints.push(self.read(store, &key, "checkpoint").await?);
-        }
+        // The ones not read before, several at a time: a pod commits a checkpoint every
+        // few tens of milliseconds, and read one by one they came in faster than a pass
+        // over a few busy shards could read them.
+        let keys = store.list(&format!("{prefix}checkpoint-")).await?;
+        let mut checkpoints: Vec<Arc<Checkpoint>> = futures_util::stream::iter(keys)
+            .map(|key| async move { self.read(store, &key, "checkpoint").await })
+            .buffered(READS_AT_ONCE)
+            .try_collect()
+            .await?;
         // Journals exist only where storage writes in place: elsewhere, no listing for them.
         if store.writes_in_place() {
             for key in store.list(&format!("{prefix}{JOURNAL_PREFIX}")).await? {

@@ -4,6 +4,7 @@
 //! one of the two files even if two workers once raced on a shard.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -37,10 +38,32 @@ pub async fn finalize(
         counts.total += shard.requests;
         let mut seen = vec![false; shard.requests as usize];
         let mut journal = JournalCursor::default();
-        for checkpoint in &ledger.checkpoints {
-            let mut copy = Copy { ctx, spec, shard: shard.index, checkpoint, seen: &mut seen, journal: &mut journal };
-            counts.completed += copy.chunk(ChunkKind::Out, &mut output).await?;
-            counts.failed += copy.chunk(ChunkKind::Err, &mut errors).await?;
+        let mut chunks = open_chunks(ctx, spec, shard.index, ledger);
+        while let Some(chunk) = chunks.next().await {
+            let Chunk { checkpoint, kind, body } = chunk?;
+            let body = match body {
+                Body::Object(stream) => stream,
+                Body::Journal(key, range) => {
+                    let bytes = journal.read(ctx.store.as_ref(), &key, range).await?;
+                    futures_util::stream::once(std::future::ready(Ok(bytes))).boxed()
+                }
+            };
+            let (into, count) = match kind {
+                ChunkKind::Out => (&mut output, &mut counts.completed),
+                ChunkKind::Err => (&mut errors, &mut counts.failed),
+            };
+            let indexes = records_of(&checkpoint, kind);
+            let (records, copied) = copy_new_records(body, indexes, &mut seen, into).await?;
+            if records != indexes.len() {
+                return Err(ExecError::Corrupt(format!(
+                    "chunk {} of shard {} of {} holds {records} records, its checkpoint lists {}",
+                    checkpoint.seq,
+                    shard.index,
+                    spec.id,
+                    indexes.len()
+                )));
+            }
+            *count += copied;
         }
     }
     let file = |suffix: &str, is_error| NewFile {
@@ -62,66 +85,91 @@ async fn publish(upload: Upload, wanted: bool, file: NewFile) -> Result<Option<F
     Ok(Some(upload.commit(file).await?))
 }
 
-/// One checkpoint's records on their way to the output and error files.
-struct Copy<'a> {
-    ctx: &'a ExecContext,
-    spec: &'a BatchSpec,
-    shard: u32,
-    checkpoint: &'a Checkpoint,
-    seen: &'a mut [bool],
-    journal: &'a mut JournalCursor,
+/// Chunk objects opened ahead of the one being copied. Each open is a round trip to
+/// object storage, and a shard has a chunk for every commit its worker made (thousands):
+/// opened one at a time, a finalize took a minute where its bytes took a second. The
+/// bodies stay unread until their turn, so this bounds connections, not memory.
+const OPEN_AHEAD: usize = 8;
+
+/// A chunk of one checkpoint's records, opened.
+struct Chunk {
+    checkpoint: Arc<Checkpoint>,
+    kind: ChunkKind,
+    body: Body,
 }
 
-impl Copy<'_> {
-    /// Appends the records of `kind` whose requests were not seen yet; returns how many.
-    async fn chunk(&mut self, kind: ChunkKind, into: &mut Upload) -> Result<u64, ExecError> {
-        let indexes = match kind {
-            ChunkKind::Out => &self.checkpoint.out,
-            ChunkKind::Err => &self.checkpoint.err,
-        };
-        if indexes.is_empty() {
-            return Ok(0);
-        }
-        let (key, range) = chunk_location(&self.spec.id, self.shard, self.checkpoint, kind);
-        let mut stream = match range {
-            // A journal's frames are read in order over one stream, not one open per frame.
-            Some(range) => {
-                let bytes = self.journal.read(self.ctx.store.as_ref(), &key, range).await?;
-                futures_util::stream::once(std::future::ready(Ok(bytes))).boxed()
-            }
-            None => self.ctx.store.read(&key, None).await?,
-        };
-        let mut buffer = bytes::BytesMut::new();
-        let mut record = 0usize;
-        let mut copied = 0;
-        loop {
-            while let Some(newline) = memchr::memchr(b'\n', &buffer) {
-                let line = buffer.split_to(newline + 1).freeze();
-                if let Some(&index) = indexes.get(record)
-                    && let Some(slot) = self.seen.get_mut(index as usize).filter(|slot| !**slot)
-                {
-                    *slot = true;
-                    into.write(line).await?;
-                    copied += 1;
-                }
-                record += 1;
-            }
-            match stream.next().await {
-                Some(chunk) => buffer.extend_from_slice(&chunk?),
-                None => break,
-            }
-        }
-        if record != indexes.len() {
-            return Err(ExecError::Corrupt(format!(
-                "chunk {} of shard {} of {} holds {record} records, its checkpoint lists {}",
-                self.checkpoint.seq,
-                self.shard,
-                self.spec.id,
-                indexes.len()
-            )));
-        }
-        Ok(copied)
+enum Body {
+    /// An object of its own, its body streaming.
+    Object(ByteStream),
+    /// Frames of a journal, read in order through the shard's [`JournalCursor`].
+    Journal(Key, Range<u64>),
+}
+
+fn records_of(checkpoint: &Checkpoint, kind: ChunkKind) -> &[u32] {
+    match kind {
+        ChunkKind::Out => &checkpoint.out,
+        ChunkKind::Err => &checkpoint.err,
     }
+}
+
+/// The shard's chunks that hold records, in the ledger's order, objects opened
+/// [`OPEN_AHEAD`] at a time.
+fn open_chunks(
+    ctx: &ExecContext,
+    spec: &BatchSpec,
+    shard: u32,
+    ledger: &ShardLedger,
+) -> impl futures_util::Stream<Item = Result<Chunk, StorageError>> + use<> {
+    let chunks: Vec<(Arc<Checkpoint>, ChunkKind)> = ledger
+        .checkpoints
+        .iter()
+        .flat_map(|checkpoint| [ChunkKind::Out, ChunkKind::Err].map(|kind| (checkpoint.clone(), kind)))
+        .filter(|(checkpoint, kind)| !records_of(checkpoint, *kind).is_empty())
+        .collect();
+    let (store, batch) = (ctx.store.clone(), spec.id.clone());
+    futures_util::stream::iter(chunks)
+        .map(move |(checkpoint, kind)| {
+            let (store, (key, range)) = (store.clone(), chunk_location(&batch, shard, &checkpoint, kind));
+            async move {
+                let body = match range {
+                    Some(range) => Body::Journal(key, range),
+                    None => Body::Object(store.read(&key, None).await?),
+                };
+                Ok(Chunk { checkpoint, kind, body })
+            }
+        })
+        .buffered(OPEN_AHEAD)
+}
+
+/// Appends the records of `body` whose requests (`indexes`, in record order) were not
+/// seen yet; returns how many records it held and how many it copied.
+async fn copy_new_records(
+    mut body: ByteStream,
+    indexes: &[u32],
+    seen: &mut [bool],
+    into: &mut Upload,
+) -> Result<(usize, u64), ExecError> {
+    let mut buffer = BytesMut::new();
+    let mut record = 0usize;
+    let mut copied = 0;
+    loop {
+        while let Some(newline) = memchr::memchr(b'\n', &buffer) {
+            let line = buffer.split_to(newline + 1).freeze();
+            if let Some(&index) = indexes.get(record)
+                && let Some(slot) = seen.get_mut(index as usize).filter(|slot| !**slot)
+            {
+                *slot = true;
+                into.write(line).await?;
+                copied += 1;
+            }
+            record += 1;
+        }
+        match body.next().await {
+            Some(chunk) => buffer.extend_from_slice(&chunk?),
+            None => break,
+        }
+    }
+    Ok((record, copied))
 }
 
 /// Reads ranges of a journal in increasing order over one open stream, skipping what
