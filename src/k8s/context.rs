@@ -38,6 +38,8 @@ pub struct Context {
     pub max_running_shards: usize,
     /// Jobs this controller created that its cache may not show yet, and when.
     pub created: Mutex<HashMap<String, Instant>>,
+    /// Jobs this controller deleted to stop their workers (a cancel, an expiry), by name.
+    pub stopped: Mutex<HashMap<String, Stopped>>,
     /// Held while a Job is created, so that concurrent passes count each other's Jobs.
     pub starting: tokio::sync::Mutex<()>,
     /// What the checkpoints of each unfinished batch held at its last pass, for the line
@@ -53,6 +55,16 @@ pub struct Context {
     pub batch_settings: crate::batches::BatchSettings,
     /// The buckets applied Batches read their input from and copy their output to.
     pub buckets: crate::storage::buckets::Buckets,
+}
+
+/// A Job deleted to stop its worker: the worker finishes the lines it has in flight and
+/// commits them before it exits, though its Job is gone from the cache at once.
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    /// The Batch's name.
+    pub batch: String,
+    pub shard: u32,
+    pub at: Instant,
 }
 
 /// How long a created Job counts as running before the cache shows it.

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::admission::allotment;
-use super::context::{Context, FIELD_MANAGER};
+use super::context::{Context, FIELD_MANAGER, Stopped};
 use super::crd::{BATCH_LABEL, BatchResource, resource_name};
 use super::error::ControllerError;
 use super::guard::valid_only;
@@ -36,6 +36,7 @@ use crate::clock;
 use crate::drive::{News, Next, Runtime, WorkerPhase, drive};
 use crate::exec::ExecError;
 use crate::exec::checkpoint::ShardLedger;
+use crate::grants::{read_ack, read_grant};
 use crate::lifecycle::decide as decisions;
 use crate::metrics::{METRICS, ReasonLabel};
 use crate::validate::Shard;
@@ -336,6 +337,36 @@ impl KubeRuntime<'_> {
         self.resource.lock().expect("resource").clone()
     }
 
+    /// This Batch's shards whose Jobs were deleted to stop them and whose workers may
+    /// still be committing: until a worker says it exited (it released its grant, after
+    /// its last commit; or the controller cleaned its grant up since) or `cancel_grace`
+    /// has passed. Forgotten by a controller that restarts, whose drain then fences out
+    /// what such a worker commits late.
+    async fn still_stopping(&self) -> Vec<u32> {
+        let batch = self.resource().name_any();
+        let grace = self.ctx.exec.settings.cancel_grace;
+        let stopped: Vec<(String, u32)> = {
+            let mut stopped = self.ctx.stopped.lock().expect("stopped");
+            stopped.retain(|_, s| s.at.elapsed() < grace);
+            stopped.iter().filter(|(_, s)| s.batch == batch).map(|(job, s)| (job.clone(), s.shard)).collect()
+        };
+        let store = self.ctx.exec.store.as_ref();
+        let mut stopping = Vec::new();
+        for (job, shard) in stopped {
+            let exited = match read_ack(store, &job).await {
+                Ok(Some(ack)) => ack.released,
+                Ok(None) => matches!(read_grant(store, &job).await, Ok(None)),
+                Err(_) => false,
+            };
+            if exited {
+                self.ctx.stopped.lock().expect("stopped").remove(&job);
+            } else {
+                stopping.push(shard);
+            }
+        }
+        stopping
+    }
+
     /// The shard's Job of its latest attempt.
     fn job_of(&self, shard: u32) -> Option<&Arc<Job>> {
         self.jobs.iter().filter(|job| job_shard(job) == Some(shard)).max_by_key(|job| job_attempt(job))
@@ -346,8 +377,15 @@ impl KubeRuntime<'_> {
 impl Runtime for KubeRuntime<'_> {
     type Error = ControllerError;
 
+    /// The shards' Jobs; and a shard whose Job was deleted to stop it runs until its
+    /// worker has committed what it had in flight ([`KubeRuntime::still_stopping`]):
+    /// drained before, those lines' answers would be thrown away.
     async fn workers(&self, batch: &Batch) -> Result<BTreeMap<u32, WorkerPhase>, ControllerError> {
-        Ok(job_workers(&self.jobs, &batch.state.shard_failures))
+        let mut workers = job_workers(&self.jobs, &batch.state.shard_failures);
+        for shard in self.still_stopping().await {
+            workers.entry(shard).or_insert(WorkerPhase::Running);
+        }
+        Ok(workers)
     }
 
     /// The installation's free slots, and no more than this Batch's share of all of them
@@ -392,14 +430,18 @@ impl Runtime for KubeRuntime<'_> {
 
     async fn stop(&self, _batch: &Batch, shard: u32) -> Result<(), ControllerError> {
         // Deleting the Job sends its pod SIGTERM: the worker stops dispatching and commits.
+        let Some(job) = self.job_of(shard) else { return Ok(()) };
+        let stopped = Stopped { batch: self.resource().name_any(), shard, at: Instant::now() };
+        self.ctx.stopped.lock().expect("stopped").entry(job.name_any()).or_insert(stopped);
+        delete_job(self.ctx, &job.name_any()).await
+    }
+
+    /// A failed worker has exited: its Job goes, and nothing waits for it.
+    async fn retire(&self, _batch: &Batch, shard: u32) -> Result<(), ControllerError> {
         match self.job_of(shard) {
             Some(job) => delete_job(self.ctx, &job.name_any()).await,
             None => Ok(()),
         }
-    }
-
-    async fn retire(&self, batch: &Batch, shard: u32) -> Result<(), ControllerError> {
-        self.stop(batch, shard).await
     }
 
     /// Writes `state`; a state that ends an applied Batch naming an output location is

@@ -126,6 +126,7 @@ fn context(
         statusless: Default::default(),
         max_running_shards: config.batches.max_running_shards.unwrap_or(crate::config::KUBERNETES_RUNNING_SHARDS),
         created: Default::default(),
+        stopped: Default::default(),
         starting: Default::default(),
         recorded: Default::default(),
         allotments: Default::default(),

@@ -10,6 +10,8 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use super::{NS, Operator, batch_object, check_results};
+use crate::common;
+use common::client::{Client, ids, input};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_batch_removes_its_jobs_and_its_shard_data() {
@@ -67,4 +69,29 @@ async fn hand_made_objects_with_bad_ids_are_refused_by_the_api_server() {
     // The controller goes on as before.
     let results = tokio::task::block_in_place(|| operator.sdk(&[("LINES", "5")]));
     check_results(results.last().unwrap(), 5);
+}
+
+/// Cancel, as in `serve`: the Jobs stop, the lines that ran keep their results, and the
+/// lines never sent get `batch_cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_batch_stops_its_pods_and_keeps_what_ran() {
+    let operator = Operator::start(10, Duration::from_millis(200), 2).await;
+    let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
+    let custom_ids = ids("line", 40);
+    let batch = client.create(&client.upload(input(&custom_ids, "mock-a")).await).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    client.wait(&id, Duration::from_secs(60), |b| b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 4).await;
+    let cancelling = client.cancel(&id).await;
+    assert_eq!(cancelling["status"], "cancelling", "{cancelling}");
+    let batch = client.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(batch["status"], "cancelled", "{batch}");
+    assert!(batch["cancelled_at"].as_i64().unwrap() >= batch["cancelling_at"].as_i64().unwrap());
+    let results = client.results(&batch, &custom_ids).await;
+    assert!(results.output.len() >= 4, "{batch}");
+    assert!(!results.errors.is_empty(), "{batch}");
+    assert!(results.errors.values().all(|r| r["error"]["code"] == "batch_cancelled"), "{:?}", results.errors);
+    assert_eq!(operator.upstream.total_calls() as usize, results.output.len(), "cancelled lines were never sent");
+    // The Jobs that ran when it was cancelled are gone; one whose shard had finished stays.
+    let left = operator.jobs().await;
+    assert!(left.iter().all(|job| job.status.as_ref().and_then(|s| s.succeeded) == Some(1)), "{left:?}");
 }
