@@ -51,7 +51,8 @@ async fn four_pods_of_a_batch_alone_at_a_server_fill_much_of_its_places() {
 
 /// The default simulated server (32 places, 5,096 tokens/s) with users at 20 a second,
 /// 64 tokens each (a quarter of it): four pods of one batch beside them, each reading the
-/// server's load signal, leave the users near their pace alone and still make progress;
+/// server's load signal, leave the users a place (few wait in the server's queue) and
+/// still make progress;
 /// and the controller keeps up with them, so a cancel ends the batch promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_of_a_batch_beside_users_leave_them_near_their_pace() {
@@ -82,24 +83,33 @@ async fn four_pods_of_a_batch_beside_users_leave_them_near_their_pace() {
     eventually("the batch's lines at the server", 120, || async { (batch_tokens() > 0).then_some(()) }).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     users.measure_from_now();
-    let (tokens_before, from) = (batch_tokens(), Instant::now());
+    let (before, from) = (sim.stats(), Instant::now());
     tokio::time::sleep(Duration::from_secs(20)).await;
     let (beside, _) = users.so_far();
-    let tokens = batch_tokens() - tokens_before;
+    let after = sim.stats();
+    let tokens = after.decoded[&1] - before.decoded[&1];
     let share = tokens as f64 / from.elapsed().as_secs_f64() / (sim.config().capacity_tokens_per_sec() - 20.0 * 64.0);
+    // Users whose request waited longer than two steps in the server's queue (one that
+    // comes mid-step joins the next): what the batch costs them, free of this machine's
+    // noise, which their latency end to end is not.
+    let waits = &after.waited[&0][before.waited.get(&0).map_or(0, Vec::len)..];
+    let waited = waits.iter().filter(|wait| **wait > Duration::from_millis(13)).count() as f64 / waits.len() as f64;
     let users = users.stop().await;
     let (p99_alone, p99_beside) = (alone.percentile(99.0), beside.percentile(99.0));
     eprintln!(
-        "[night shift] four pods beside users: their p99 {:.0} ms alone, {:.0} ms beside ({:.2}x); the batch took \
-         {share:.2} of the capacity they left",
+        "[night shift] four pods beside users: their p99 {:.0} ms alone, {:.0} ms beside ({:.2}x), {:.1}% of {} \
+         waited; the batch took {share:.2} of the capacity they left",
         p99_alone * 1e3,
         p99_beside * 1e3,
         p99_beside / p99_alone,
+        waited * 100.0,
+        waits.len(),
     );
     assert_eq!(users.failed, 0, "every user answered");
     assert!(tokens > 0, "the batch made progress beside the users");
-    // 1.10-1.12x in four runs here; four pods at a fixed 64 between them, 2.46x.
-    assert!(p99_beside <= 1.6 * p99_alone, "users' p99 {p99_beside:.3} s beside the batch, {p99_alone:.3} s alone");
+    // 0.0 and 0.2% in two runs here (their p99 1.11-1.13x); four pods at a fixed 64
+    // between them, 100% (2.49x).
+    assert!(waited <= 0.1, "users find a place: {:.1}% of them waited", waited * 100.0);
 
     // A pass over four shards that commit every few tens of milliseconds stays short
     // (read one checkpoint at a time, passes took up to a minute, and the cancel waited
