@@ -17,7 +17,7 @@ lint:
 fmt:
     cargo fmt --all
 
-# Benchmarks against the release binary: upload memory, validation speed, line throughput, the latency x concurrency grid, noisy neighbours, the night shift, and the night shift on a family of servers (llama-server among them once `just test` has installed it).
+# Benchmarks against the release binary: upload memory, validation speed, batches on S3, line throughput, the latency x concurrency grid, noisy neighbours, the night shift, and the night shift on a family of servers (llama-server among them once `just test` has installed it).
 bench:
     cargo build --release
     python3 bench/run.py

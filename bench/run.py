@@ -12,19 +12,26 @@
              at the end (adding one should cost the same however many there are)
   silent     4,100 connections that never send a byte, from one address: whether a client
              from another address is still served, how fast, and how long they stay open
+  s3         batches on S3 storage (s3s-fs, as `tests/run` installs it), where every commit
+             is an object of its own: 50,000 lines with the echo model, and 5,000 at an
+             upstream that answers in 300 ms (fixed 256): create to completed, finalizing to
+             completed, the server's peak RSS
 
-Usage: bench/run.py [upload] [parts] [validate] [refused] [tinyparts] [silent]   (all when none named)
+Usage: bench/run.py [upload] [parts] [validate] [refused] [tinyparts] [silent] [s3]   (all when none named)
 NIGHTSHIFT_BINARY names another binary (an older build, to compare).
 """
 
+import asyncio
 import hashlib
 import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -58,8 +65,10 @@ def own_metrics_address():
 class Serve:
     def __init__(self, data_dir, config=None):
         args = ["--config", str(config)] if config else []
+        # No data directory: the configuration's storage (S3) is used.
+        args += ["--data-dir", str(data_dir)] if data_dir else []
         self.process = subprocess.Popen(
-            [str(BINARY), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *own_metrics_address(), *args],
+            [str(BINARY), "serve", "--listen", "127.0.0.1:0", *own_metrics_address(), *args],
             stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn"},
         )
         for line in self.process.stdout:
@@ -350,15 +359,115 @@ def bench_silent(work):
         serve.stop()
 
 
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def slow_upstream(delay):
+    """An OpenAI-compatible upstream that answers every request after `delay` seconds
+    (HTTP/1.1 with keep-alive, in a thread of its own); returns its base URL."""
+    answer = json.dumps({"id": "slow", "object": "chat.completion", "created": 1, "model": "slow",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                      "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}).encode()
+    response = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+
+    async def connection(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                await asyncio.sleep(delay)
+                writer.write(response)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    ready = threading.Event()
+    port = []
+
+    def run():
+        async def main():
+            server = await asyncio.start_server(connection, "127.0.0.1", 0, backlog=1024)
+            port.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            await server.serve_forever()
+        asyncio.run(main())
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait()
+    return f"http://127.0.0.1:{port[0]}/v1"
+
+
+def bench_s3(work):
+    cache = pathlib.Path(os.environ.get("NIGHTSHIFT_CACHE", pathlib.Path.home() / ".cache" / "nightshift"))
+    s3s_fs = cache / "tools" / "bin" / "s3s-fs"
+    if not s3s_fs.exists():
+        print(f"s3: skipped, {s3s_fs} is missing (tests/run installs it)")
+        return
+    project, key = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11", "bench"
+    slow = slow_upstream(0.3)
+    for name, lines, model in [("echo", 50_000, "echo"), ("300-ms upstream", 5_000, "slow")]:
+        root = work / f"s3-{model}"
+        (root / "s3" / "nightshift").mkdir(parents=True)
+        port = free_port()
+        store = subprocess.Popen([str(s3s_fs), "--host", "127.0.0.1", "--port", str(port), "--access-key", "bench",
+                                  "--secret-key", "bench-secret", str(root / "s3")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        config = root / "nightshift.yaml"
+        config.write_text(
+            f"projects:\n  - id: {project}\n    api_keys: [{{plain: {key}}}]\n"
+            f"storage:\n  s3: {{bucket: nightshift, endpoint: \"http://127.0.0.1:{port}\", path_style: true}}\n"
+            f"upstreams:\n  - name: slow\n    base_url: {slow}\n    models: [slow]\n    max_concurrency: 256\n"
+            "    adaptive: false\n"
+        )
+        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_REGION="us-east-1")
+        serve = Serve(None, config)
+        serve.project, serve.key = project, key
+        try:
+            path = root / "input.jsonl"
+            with open(path, "w") as f:
+                for n in range(lines):
+                    line = json.loads(request_line(n, 200))
+                    line["body"]["model"] = model
+                    f.write(json.dumps(line) + "\n")
+            file_id = upload(serve, path)["id"]
+            started = time.perf_counter()
+            batch = post_json(serve, "/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                      "completion_window": "24h"})
+            finalizing = None
+            while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+                time.sleep(0.05)
+                request = urllib.request.Request(f"{serve.url}/v1/batches/{batch['id']}", headers=serve.headers())
+                with urllib.request.urlopen(request) as answer:
+                    batch = json.load(answer)
+                if batch["status"] == "finalizing" and finalizing is None:
+                    finalizing = time.perf_counter()
+            done = time.perf_counter()
+            assert batch["status"] == "completed" and batch["request_counts"]["completed"] == lines, batch
+            finalize = f"{done - finalizing:.2f} s" if finalizing else "under a poll"
+            print(f"s3: {lines:,} lines, {name}: created to completed in {done - started:.2f} s, finalizing to "
+                  f"completed {finalize}; server peak RSS {serve.rss():.1f} MB")
+        finally:
+            serve.stop()
+            store.kill()
+            store.wait()
+
+
 def main():
-    chosen = sys.argv[1:] or ["upload", "parts", "validate", "refused", "tinyparts", "silent"]
+    chosen = sys.argv[1:] or ["upload", "parts", "validate", "refused", "tinyparts", "silent", "s3"]
     if not BINARY.exists():
         sys.exit(f"{BINARY} is missing: run `cargo build --release` first (just bench does)")
     with tempfile.TemporaryDirectory(prefix="nightshift-bench-") as work:
         work = pathlib.Path(work)
         for name in chosen:
             {"upload": bench_upload, "parts": bench_parts, "validate": bench_validate,
-             "refused": bench_refused, "tinyparts": bench_tinyparts, "silent": bench_silent}[name](work)
+             "refused": bench_refused, "tinyparts": bench_tinyparts, "silent": bench_silent,
+             "s3": bench_s3}[name](work)
 
 
 if __name__ == "__main__":

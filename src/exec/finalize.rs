@@ -89,7 +89,7 @@ async fn publish(upload: Upload, wanted: bool, file: NewFile) -> Result<Option<F
 /// object storage, and a shard has a chunk for every commit its worker made (thousands):
 /// opened one at a time, a finalize took a minute where its bytes took a second. The
 /// bodies stay unread until their turn, so this bounds connections, not memory.
-const OPEN_AHEAD: usize = 8;
+const OPEN_AHEAD: usize = 32;
 
 /// A chunk of one checkpoint's records, opened.
 struct Chunk {
