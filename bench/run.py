@@ -91,8 +91,8 @@ class Serve:
         self.process.wait()
 
 
-def request_line(n, pad):
-    body = {"model": "echo", "messages": [{"role": "user", "content": f"question {n} " + "x" * pad}]}
+def request_line(n, pad, model="echo"):
+    body = {"model": model, "messages": [{"role": "user", "content": f"question {n} " + "x" * pad}]}
     return json.dumps({"custom_id": f"req-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
@@ -411,6 +411,8 @@ def bench_s3(work):
         return
     project, key = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11", "bench"
     slow = slow_upstream(0.3)
+    # `serve` reaches s3s-fs with these (Serve passes the environment on).
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_REGION="us-east-1")
     for name, lines, model in [("echo", 50_000, "echo"), ("300-ms upstream", 5_000, "slow")]:
         root = work / f"s3-{model}"
         (root / "s3" / "nightshift").mkdir(parents=True)
@@ -425,16 +427,13 @@ def bench_s3(work):
             f"upstreams:\n  - name: slow\n    base_url: {slow}\n    models: [slow]\n    max_concurrency: 256\n"
             "    adaptive: false\n"
         )
-        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_REGION="us-east-1")
         serve = Serve(None, config)
         serve.project, serve.key = project, key
         try:
             path = root / "input.jsonl"
             with open(path, "w") as f:
                 for n in range(lines):
-                    line = json.loads(request_line(n, 200))
-                    line["body"]["model"] = model
-                    f.write(json.dumps(line) + "\n")
+                    f.write(request_line(n, 200, model) + "\n")
             file_id = upload(serve, path)["id"]
             started = time.perf_counter()
             batch = post_json(serve, "/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",

@@ -2,7 +2,7 @@
 //! load signal, do not hold each other back.
 
 use crate::common;
-use crate::operator::{Operator, Setup, scrape};
+use crate::operator::{Operator, scrape};
 
 use std::time::{Duration, Instant};
 
@@ -26,15 +26,7 @@ async fn four_pods_of_a_batch_alone_at_a_server_fill_much_of_its_places() {
         ..SimConfig::default()
     };
     let sim = Simulator::start(server).await;
-    let upstream = format!(
-        "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    max_concurrency: 64\n    \
-         load_signal: {{url: \"{metrics}\"}}\n",
-        url = sim.url,
-        metrics = sim.metrics_url()
-    );
-    let setup =
-        Setup { batches: "  max_running_shards: 4\n", upstreams: &upstream, ..Setup::new(200, Duration::ZERO, 16) };
-    let operator = Operator::set_up(setup).await;
+    let operator = Operator::for_simulator(&sim, "    max_concurrency: 64\n", 200).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.create(&client.upload(input(&ids("line", 800), "sim-a")).await).await;
     let done = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(300)).await;
@@ -59,15 +51,7 @@ async fn four_pods_of_a_batch_beside_users_leave_them_near_their_pace() {
     let sim = Simulator::start(SimConfig::default()).await;
     // The batch's lines carry priority 1: the simulator, first come first served here,
     // counts tokens by priority (the users' are 0).
-    let upstream = format!(
-        "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    max_concurrency: 1024\n    priority: 1\n    \
-         load_signal: {{url: \"{metrics}\"}}\n",
-        url = sim.url,
-        metrics = sim.metrics_url()
-    );
-    let setup =
-        Setup { batches: "  max_running_shards: 4\n", upstreams: &upstream, ..Setup::new(5_000, Duration::ZERO, 16) };
-    let operator = Operator::set_up(setup).await;
+    let operator = Operator::for_simulator(&sim, "    max_concurrency: 1024\n    priority: 1\n", 5_000).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let file = client.upload(input(&ids("line", 20_000), "sim-a")).await;
 

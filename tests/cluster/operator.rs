@@ -23,6 +23,7 @@ use common::TestS3;
 use common::cluster::{TestCluster, eventually};
 use common::kubelet::Kubelet;
 use common::process::{Process, spawn};
+use common::simulator::Simulator;
 use common::sts::Sts;
 use common::upstream::MockUpstream;
 use k8s_openapi::api::batch::v1::Job;
@@ -174,6 +175,19 @@ impl Operator {
             &self.dir.path().join(format!("{name}.log")),
         );
         (child, line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned())
+    }
+
+    /// An installation whose upstream `sim` is `sim`, its load signal read, with
+    /// `fields` (YAML, each line indented by four) added to it; four shards of
+    /// `shard_lines` run at once.
+    pub(crate) async fn for_simulator(sim: &Simulator, fields: &str, shard_lines: u32) -> Self {
+        let upstream = format!(
+            "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    load_signal: {{url: \"{metrics}\"}}\n{fields}",
+            url = sim.url,
+            metrics = sim.metrics_url()
+        );
+        let batches = "  max_running_shards: 4\n";
+        Self::set_up(Setup { batches, upstreams: &upstream, ..Setup::new(shard_lines, Duration::ZERO, 16) }).await
     }
 
     pub(crate) async fn start(shard_lines: u32, upstream_delay: Duration, concurrency: usize) -> Self {

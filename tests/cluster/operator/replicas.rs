@@ -54,15 +54,7 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
 async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worker_pods() {
     let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
     let sim = Simulator::start(server).await;
-    let upstream = format!(
-        "  - name: sim\n    base_url: {url}\n    models: [\"sim-*\"]\n    max_concurrency: 512\n    \
-         load_signal: {{url: \"{metrics}\"}}\n",
-        url = sim.url,
-        metrics = sim.metrics_url()
-    );
-    let setup =
-        Setup { batches: "  max_running_shards: 4\n", upstreams: &upstream, ..Setup::new(400, Duration::ZERO, 16) };
-    let operator = Operator::set_up(setup).await;
+    let operator = Operator::for_simulator(&sim, "    max_concurrency: 512\n", 400).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.create(&client.upload(input(&ids("line", 1600), "sim-a")).await).await;
     // While the four shards run, each pod's grant says four send to the server.
