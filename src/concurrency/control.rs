@@ -1,7 +1,7 @@
 //! What an upstream's permit loop (`crate::exec::permits`) shares with the rest of the
 //! process: where its ceiling comes from, and what a worker pod's grant says.
 
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 /// Where an upstream's ceiling comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub struct Control {
     pub grant: AtomicU32,
     /// How many worker pods the grant says send to the upstream (`Mode::Granted`).
     pub sharing: AtomicU32,
+    /// The users' requests at the upstream, in thousandths, as the grant says
+    /// (`Mode::Granted`; `u64::MAX`: it does not say yet).
+    pub users: AtomicU64,
     /// The load signal's last reading was set aside as stale ([`super::staleness`]): a
     /// worker pod says so in its acknowledgment, and the controller warns on its Batch.
     pub signal_stale: AtomicBool,

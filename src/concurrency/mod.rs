@@ -16,6 +16,7 @@ pub mod queue;
 pub mod rule;
 pub mod signals;
 pub mod staleness;
+pub mod view;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -72,6 +73,8 @@ pub struct Observed {
     /// The sequences the server ran, integrated over time as the load signal read them
     /// (sequence-microseconds): a line's average is the difference over its time.
     load: AtomicU64,
+    /// What the load signal saw since a worker pod last acknowledged its grant.
+    views: view::Views,
 }
 
 /// A request sent and not answered yet, while it lives.
@@ -138,6 +141,17 @@ impl Observed {
             micros: self.timed_micros.load(Ordering::Relaxed),
             load: self.timed_load.load(Ordering::Relaxed),
         }
+    }
+
+    /// A reading of the load signal: the server runs `running` requests, and has `ours`
+    /// of this process's ([`view::Views::add`]).
+    pub fn seen(&self, running: f64, ours: u32) {
+        self.views.add(running, ours);
+    }
+
+    /// What the load signal saw since this was last taken ([`view::Views::take`]).
+    pub fn take_view(&self) -> Option<view::View> {
+        self.views.take()
     }
 
     pub fn overloaded(&self) {

@@ -254,10 +254,36 @@ impl LoadCaps {
         // its part of the room, and regrows in the time a lone process's does.
         let places = self.headroom.places().map(|places| places * part);
         let cap = self.gate.read(now, pressure, in_flight, limit, places);
-        // What the server ran since the reading before, for the lines' own averages
-        // ([`delay`]); a gap of more than a second says nothing of it.
-        match runs {
-            Some(Runs { running, .. }) => {
+        self.note_ran(upstream, runs.map(|runs| runs.running), ours, now);
+        self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
+            let look = delay::Look {
+                timing: upstream.observed.timing(),
+                running,
+                waiting,
+                ours,
+                in_flight,
+                others: !self.headroom.alone(),
+                share: part,
+                users: users(mode, upstream),
+                token_time,
+            };
+            self.delay.read(now, look, limit, rand::random())
+        });
+        tracing::debug!(
+            upstream = %upstream.name, ?pressure, ?runs, ours, in_flight, users = ?users(mode, upstream), ?cap, room = ?self.room,
+            reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
+        );
+        self.clear = pressure == Pressure::Clear;
+        self.held.set(i64::from(!self.clear));
+    }
+
+    /// What the server ran since the reading before, for the lines' own averages
+    /// ([`delay`]); a gap of more than a second says nothing of it. And what it ran
+    /// besides this process's lines, for a worker pod's acknowledgment.
+    fn note_ran(&mut self, upstream: &Upstream, running: Option<f64>, ours: u32, now: std::time::Instant) {
+        match running {
+            Some(running) => {
+                upstream.observed.seen(running, ours);
                 if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
                     && since <= Duration::from_secs(1)
                 {
@@ -267,25 +293,6 @@ impl LoadCaps {
             }
             None => self.ran_at = None,
         }
-        self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
-            let look = delay::Look {
-                timing: upstream.observed.timing(),
-                running,
-                waiting,
-                ours,
-                in_flight,
-                others: !self.headroom.alone(),
-                shared: part < 1.0,
-                token_time,
-            };
-            self.delay.read(now, look, limit)
-        });
-        tracing::debug!(
-            upstream = %upstream.name, ?pressure, ?runs, ours, in_flight, ?cap, room = ?self.room,
-            reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
-        );
-        self.clear = pressure == Pressure::Clear;
-        self.held.set(i64::from(!self.clear));
     }
 
     /// Whether the headroom keeps a queue of the batch's lines alone: as tried at this
@@ -373,6 +380,19 @@ struct Runs {
     kv_cache_usage: Option<f64>,
     /// Its own time a token so far, where it says.
     token_time: Option<signals::TokenTime>,
+}
+
+/// The users' requests the upstream runs as the worker pods saw them together, as the
+/// grant says (`None` in `serve`, where the load signal's reading less this process's
+/// lines is all of them, and until a grant says).
+fn users(mode: Mode, upstream: &Upstream) -> Option<f64> {
+    match mode {
+        Mode::Local => None,
+        Mode::Granted => {
+            let users = upstream.control.users.load(Ordering::Relaxed);
+            (users != u64::MAX).then(|| users as f64 / 1000.0)
+        }
+    }
 }
 
 /// This process's part of the room at the server: all of it in `serve`; in a worker

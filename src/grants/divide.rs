@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{Ack, Grant};
+use crate::concurrency::view::{self, View};
 use crate::lifecycle::schedule::shares;
 
 /// One worker as the controller sees it: what it was last granted and what it last
@@ -93,6 +94,7 @@ pub fn divide(
             free -= more;
             next.get_mut(name).expect("every worker").upstreams.insert(upstream.clone(), current + more);
         }
+        let users = seen_users(workers, upstream);
         for (name, seen) in workers {
             let grant = next.get_mut(name).expect("every worker");
             if seen.holds(upstream) == 0 && grant.upstreams.get(upstream) == Some(&0) {
@@ -101,12 +103,26 @@ pub fn divide(
             if grant.upstreams.contains_key(upstream) {
                 let sharing = wanting.len().max(1).try_into().unwrap_or(u32::MAX);
                 grant.sharing.insert(upstream.clone(), sharing);
+                match users {
+                    Some(users) => grant.users.insert(upstream.clone(), users),
+                    None => grant.users.remove(upstream),
+                };
             } else {
                 grant.sharing.remove(upstream);
+                grant.users.remove(upstream);
             }
         }
     }
     next
+}
+
+/// The users' requests at `upstream` as the workers saw them together
+/// ([`view::users`]).
+fn seen_users(workers: &BTreeMap<String, Seen>, upstream: &str) -> Option<u64> {
+    let observed = workers.values().filter_map(|seen| seen.acked.as_ref()?.observed.get(upstream));
+    let (views, unseen): (Vec<_>, Vec<_>) = observed.partition(|observed| observed.view.is_some());
+    let views: Vec<View> = views.iter().filter_map(|observed| observed.view).collect();
+    view::users(&views, unseen.iter().map(|observed| 1000 * u64::from(observed.in_flight)).sum())
 }
 
 #[cfg(test)]
@@ -114,6 +130,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::grants::Observation;
 
     fn upstreams(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
         pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect()
@@ -188,6 +205,26 @@ mod tests {
         let sharing = |name: &str| next[name].sharing.clone().into_iter().collect::<Vec<_>>();
         assert_eq!(sharing("a"), [("tgi".to_owned(), 3), ("vllm".to_owned(), 2)]);
         assert_eq!(sharing("c"), [("tgi".to_owned(), 3)], "c does not send to vllm");
+    }
+
+    #[test]
+    fn each_grant_says_what_users_the_workers_saw_at_the_upstream_together() {
+        let limits = limits(&[("vllm", 64), ("tgi", 8)]);
+        let mut workers = fresh(&["a", "b", "c"]);
+        // Two users at vllm: a and b see them, and each other's lines.
+        let observed = |view: Option<View>, in_flight| Observation { view, in_flight, ..Observation::default() };
+        let saw = |others, ours| Some(View { others, ours });
+        let acked = |upstream: &str, observation| Ack {
+            observed: [(upstream.to_owned(), observation)].into(),
+            ..ack(&[], &["vllm", "tgi"])
+        };
+        workers.get_mut("a").unwrap().acked = Some(acked("vllm", observed(saw(2_000 + 5_000, 3_000), 3)));
+        workers.get_mut("b").unwrap().acked = Some(acked("vllm", observed(saw(2_000 + 3_000, 5_000), 5)));
+        let next = divide(&limits, &workers, &BTreeMap::new());
+        for name in ["a", "b", "c"] {
+            assert_eq!(next[name].users.get("vllm"), Some(&2_000), "{name}");
+            assert_eq!(next[name].users.get("tgi"), None, "nobody read its signal: {name}");
+        }
     }
 
     #[test]

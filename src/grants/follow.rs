@@ -42,6 +42,8 @@ impl Run<'_> {
                         upstream.control.grant.store(granted, Ordering::Relaxed);
                         let sharing = grant.sharing.get(&upstream.name).copied().unwrap_or(1);
                         upstream.control.sharing.store(sharing, Ordering::Relaxed);
+                        let users = grant.users.get(&upstream.name).copied().unwrap_or(u64::MAX);
+                        upstream.control.users.store(users, Ordering::Relaxed);
                     }
                     if let Some(tokens) = grant.tokens.filter(|tokens| tokens.run == self.run) {
                         quota.grant(tokens.allowance, tokens.exhausted);
@@ -60,6 +62,7 @@ impl Run<'_> {
                                     counts: u.observed.counts(),
                                     in_flight: u.limiter.in_flight(),
                                     signal_stale: u.control.signal_stale.load(Ordering::Relaxed),
+                                    view: u.observed.take_view(),
                                 };
                                 (u.name.clone(), observation)
                             })

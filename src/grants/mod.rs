@@ -34,6 +34,11 @@ pub struct Grant {
     /// (`crate::concurrency::headroom`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sharing: BTreeMap<String, u32>,
+    /// The users' requests each upstream the worker is granted runs, in thousandths, as
+    /// the workers that send to it saw them together (`crate::concurrency::view`): its
+    /// load signal counts the other workers' lines with theirs.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub users: BTreeMap<String, u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenGrant>,
 }
@@ -78,6 +83,9 @@ pub struct Observation {
     /// Its load signal is set aside as stale (`crate::concurrency::staleness`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub signal_stale: bool,
+    /// What its load signal saw since its last acknowledgment, if it read one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<crate::concurrency::view::View>,
 }
 
 /// A run's tokens: what its shard had committed when it started (`base`), what it has

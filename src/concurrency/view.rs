@@ -1,0 +1,104 @@
+//! What the worker pods that send a batch's lines to a server saw of it together: its
+//! users, apart from the batch. Each pod's load signal counts its siblings' lines with
+//! the users'; a pod that took them for users' would let its room grow with theirs
+//! ([`super::delay`]). Each pod sums its readings into a [`View`] between two of its
+//! acknowledgments; the controller combines the views ([`users`], pure) and the grant
+//! tells every pod the users' requests.
+//!
+//! The design: docs/src/night-shift-design.md#several-pods-at-one-server
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// A worker's view of a server over its readings since its last acknowledgment, on
+/// average, in thousandths of a request: what the server ran that was not the worker's,
+/// and the worker's own lines it ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    pub others: u64,
+    pub ours: u64,
+}
+
+/// Readings summed as they come: the permit loop adds, the acknowledgment takes.
+#[derive(Default)]
+pub struct Views {
+    readings: AtomicU64,
+    others: AtomicU64,
+    ours: AtomicU64,
+}
+
+impl Views {
+    /// A reading: the server runs `running` requests, and has `ours` of this process's
+    /// (some perhaps still on their way, or queued: not running).
+    pub fn add(&self, running: f64, ours: u32) {
+        let running = running.max(0.0);
+        let ours = f64::from(ours).min(running);
+        self.readings.fetch_add(1, Ordering::Relaxed);
+        self.others.fetch_add(((running - ours) * 1000.0) as u64, Ordering::Relaxed);
+        self.ours.fetch_add((ours * 1000.0) as u64, Ordering::Relaxed);
+    }
+
+    /// The view since the last one taken, if a reading came.
+    pub fn take(&self) -> Option<View> {
+        let readings = self.readings.swap(0, Ordering::Relaxed);
+        let (others, ours) = (self.others.swap(0, Ordering::Relaxed), self.ours.swap(0, Ordering::Relaxed));
+        (readings > 0).then(|| View { others: others / readings, ours: ours / readings })
+    }
+}
+
+/// The users' requests the server runs, in thousandths, as the workers saw them
+/// together: each worker's view of what ran besides its own lines, less the lines the
+/// other workers ran there (theirs from their views, or `unseen`: the requests in flight
+/// of those without one), averaged over the workers with a view. The views cover about
+/// the same half second, up to half a second apart: what one worker sees of the others'
+/// growth since theirs is what they see of its own, and the mean cancels it out, where
+/// each worker's own mistake would be the whole growth. `None` without a view.
+pub fn users(views: &[View], unseen: u64) -> Option<u64> {
+    let batch = views.iter().map(|view| i128::from(view.ours)).sum::<i128>() + i128::from(unseen);
+    let each = views.iter().map(|view| i128::from(view.others) - (batch - i128::from(view.ours)));
+    let count = i128::try_from(views.len()).ok().filter(|count| *count > 0)?;
+    Some(u64::try_from(each.sum::<i128>() / count).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_is_the_average_of_its_readings_and_starts_again_once_taken() {
+        let views = Views::default();
+        assert_eq!(views.take(), None);
+        views.add(10.0, 4);
+        views.add(12.0, 2);
+        // Lines of ours the server does not run yet are not ours there, nor others'.
+        views.add(3.0, 5);
+        assert_eq!(views.take(), Some(View { others: (6_000 + 10_000) / 3, ours: (4_000 + 2_000 + 3_000) / 3 }));
+        assert_eq!(views.take(), None);
+    }
+
+    #[test]
+    fn the_users_are_what_each_saw_less_the_others_lines_and_growth_between_views_cancels() {
+        // Three users; pods of 4, 5 and 6 lines, each seeing the rest as others.
+        let view = |ours: u64| View { others: 3_000 + 15_000 - ours, ours };
+        assert_eq!(users(&[view(4_000), view(5_000), view(6_000)], 0), Some(3_000));
+        // Four pods growing a line every 100 ms, their views 100 ms apart: each saw the
+        // others at a different moment, and alone would take some of them for users.
+        let at = |ms: u64| 10_000 + ms * 10;
+        let views: Vec<View> = (0..4_u64)
+            .map(|pod| {
+                let now = pod * 100;
+                let others = 2_000 + (0..4_u64).filter(|other| *other != pod).map(|_| at(now)).sum::<u64>();
+                View { others, ours: at(now) }
+            })
+            .collect();
+        let alone = views[3].others - views.iter().take(3).map(|view| view.ours).sum::<u64>();
+        assert_eq!(alone, 2_000 + 3 * (at(300) - at(100)), "the last pod alone");
+        assert_eq!(users(&views, 0), Some(2_000));
+        // A pod without a view: its lines in flight are the batch's.
+        assert_eq!(users(&[view(4_000), view(5_000)], 6_000), Some(3_000));
+        // Nobody but the batch, seen with some noise: none, not less.
+        assert_eq!(users(&[View { others: 3_000, ours: 4_000 }, View { others: 3_500, ours: 3_000 }], 0), Some(0));
+        assert_eq!(users(&[], 6_000), None);
+    }
+}
