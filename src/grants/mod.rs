@@ -7,11 +7,13 @@
 //! `control/grants/<worker>.json`; the worker applies it (growing at once, shrinking
 //! once enough of its requests in flight have finished) and answers with an [`Ack`]
 //! under `control/acks/<worker>.json`: what it now holds, and which upstreams it has
-//! lines for. The controller gives a worker a new grant only once the last one is
+//! lines for. The controller changes a worker's limits only once its last grant is
 //! acknowledged, and counts every worker at the larger of what it was granted and what
 //! it acknowledged, so the sum stays within the limit at every instant
-//! ([`divide::divide`]). A worker is a shard's Job, by name: a retried pod of the same
-//! Job takes over its grant.
+//! ([`divide::divide`]). A grant also tells the worker how many workers send to each
+//! upstream, and what the upstream's users run as the workers saw it together
+//! (`crate::concurrency::view`). A worker is a shard's Job, by name: a retried pod of
+//! the same Job takes over its grant.
 
 pub mod divide;
 pub mod follow;
