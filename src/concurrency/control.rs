@@ -19,6 +19,8 @@ pub struct Control {
     pub grant: AtomicU32,
     /// How many worker pods the grant says send to the upstream (`Mode::Granted`).
     pub sharing: AtomicU32,
+    /// This worker pod's place among them, for turns at the probe (`Mode::Granted`).
+    pub turn: AtomicU32,
     /// The users' requests at the upstream, in thousandths, as the grant says
     /// (`Mode::Granted`; `u64::MAX`: it does not say yet).
     pub users: AtomicU64,

@@ -37,6 +37,10 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// are learned from what runs, its queue from what waits): a server whose users queue
 /// now and then on their own would hold it at none for good.
 pub const PROBE_LINES: u32 = 1;
+/// Worker pods that share a server take turns at the probe, this long each in the order
+/// their grants give them: one probe between them, where a probe each would be four
+/// lines at a server of four slots.
+pub const PROBE_TURN: Duration = Duration::from_secs(5);
 /// After overload cut the adaptive limit (429s, 503s, timeouts), the throughput rule
 /// governs a batch alone for this long, where the server's count would fill it.
 const OVERLOAD_RULES_FOR: Duration = Duration::from_secs(10);
@@ -141,6 +145,8 @@ struct LoadCaps {
     ran_at: Option<std::time::Instant>,
     /// The last reading saw nothing queue (or failed).
     clear: bool,
+    /// It is this process's turn at the probe ([`PROBE_TURN`]).
+    probing: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
     staleness: Staleness,
@@ -165,6 +171,7 @@ impl LoadCaps {
             paced: None,
             ran_at: None,
             clear: true,
+            probing: true,
             others: false,
             staleness: Staleness::default(),
             by_name: true,
@@ -199,10 +206,10 @@ impl LoadCaps {
     }
 
     /// The lowest of the gate's cap, the headroom's and the delay's (`None`: none holds
-    /// the batch), but [`PROBE_LINES`] at least while nothing queues.
+    /// the batch), but [`PROBE_LINES`] at least while nothing queues, in its turn.
     fn cap(&self) -> Option<u32> {
         let cap = [self.gate.cap(), self.room, self.paced].into_iter().flatten().min()?;
-        Some(if self.clear { cap.max(PROBE_LINES) } else { cap })
+        Some(if self.clear && self.probing { cap.max(PROBE_LINES) } else { cap })
     }
 
     /// Reads the upstream's load signal, if it has one and a reading is due, and sets the
@@ -233,6 +240,7 @@ impl LoadCaps {
         let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
         let ours = had.saturating_add(sent_meanwhile);
         let part = share(mode, upstream);
+        self.probing = probing(mode, upstream, std::time::SystemTime::now());
         self.choose_queue(upstream, now, filling);
         self.room = runs
             .and_then(|Runs { running, waiting, kv_cache_usage, .. }| {
@@ -391,6 +399,22 @@ fn users(mode: Mode, upstream: &Upstream) -> Option<f64> {
         Mode::Granted => {
             let users = upstream.control.users.load(Ordering::Relaxed);
             (users != u64::MAX).then(|| users as f64 / 1000.0)
+        }
+    }
+}
+
+/// Whether it is this process's turn at the probe at `now`: always in `serve`; a worker
+/// pod's turn is its place among the pods that send to the upstream, as its grant says,
+/// every [`PROBE_TURN`] of the clock in turn.
+fn probing(mode: Mode, upstream: &Upstream, now: std::time::SystemTime) -> bool {
+    match mode {
+        Mode::Local => true,
+        Mode::Granted => {
+            let sharing = u64::from(upstream.control.sharing.load(Ordering::Relaxed).max(1));
+            let turn = u64::from(upstream.control.turn.load(Ordering::Relaxed));
+            let since = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let turns = u64::try_from(since.as_millis() / PROBE_TURN.as_millis()).unwrap_or(0);
+            turns % sharing == turn % sharing
         }
     }
 }

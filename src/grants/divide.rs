@@ -103,12 +103,15 @@ pub fn divide(
             if grant.upstreams.contains_key(upstream) {
                 let sharing = wanting.len().max(1).try_into().unwrap_or(u32::MAX);
                 grant.sharing.insert(upstream.clone(), sharing);
+                let turn = wanting.iter().position(|wants| *wants == name).unwrap_or(wanting.len());
+                grant.turn.insert(upstream.clone(), turn.try_into().unwrap_or(u32::MAX));
                 match users {
                     Some(users) => grant.users.insert(upstream.clone(), users),
                     None => grant.users.remove(upstream),
                 };
             } else {
                 grant.sharing.remove(upstream);
+                grant.turn.remove(upstream);
                 grant.users.remove(upstream);
             }
         }
@@ -205,6 +208,10 @@ mod tests {
         let sharing = |name: &str| next[name].sharing.clone().into_iter().collect::<Vec<_>>();
         assert_eq!(sharing("a"), [("tgi".to_owned(), 3), ("vllm".to_owned(), 2)]);
         assert_eq!(sharing("c"), [("tgi".to_owned(), 3)], "c does not send to vllm");
+        let turn = |name: &str| next[name].turn.clone().into_iter().collect::<Vec<_>>();
+        assert_eq!(turn("a"), [("tgi".to_owned(), 0), ("vllm".to_owned(), 0)]);
+        assert_eq!(turn("b"), [("tgi".to_owned(), 1), ("vllm".to_owned(), 1)]);
+        assert_eq!(turn("c"), [("tgi".to_owned(), 2)]);
     }
 
     #[test]

@@ -42,6 +42,8 @@ impl Run<'_> {
                         upstream.control.grant.store(granted, Ordering::Relaxed);
                         let sharing = grant.sharing.get(&upstream.name).copied().unwrap_or(1);
                         upstream.control.sharing.store(sharing, Ordering::Relaxed);
+                        let turn = grant.turn.get(&upstream.name).copied().unwrap_or(0);
+                        upstream.control.turn.store(turn, Ordering::Relaxed);
                         let users = grant.users.get(&upstream.name).copied().unwrap_or(u64::MAX);
                         upstream.control.users.store(users, Ordering::Relaxed);
                     }

@@ -36,6 +36,10 @@ pub struct Grant {
     /// (`crate::concurrency::headroom`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sharing: BTreeMap<String, u32>,
+    /// The worker's place among them (from 0), for turns they take
+    /// (`crate::exec::permits`'s probe).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub turn: BTreeMap<String, u32>,
     /// The users' requests each upstream the worker is granted runs, in thousandths, as
     /// the workers that send to it saw them together (`crate::concurrency::view`): its
     /// load signal counts the other workers' lines with theirs.
