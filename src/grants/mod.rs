@@ -11,8 +11,8 @@
 //! acknowledged, and counts every worker at the larger of what it was granted and what
 //! it acknowledged, so the sum stays within the limit at every instant
 //! ([`divide::divide`]). A grant also tells the worker how many workers send to each
-//! upstream, and what the upstream's users run as the workers saw it together
-//! (`crate::concurrency::view`). A worker is a shard's Job, by name: a retried pod of
+//! upstream, its place among them, and what the upstream's users run as the workers saw
+//! it together (`crate::concurrency::view`). A worker is a shard's Job, by name: a retried pod of
 //! the same Job takes over its grant.
 
 pub mod divide;

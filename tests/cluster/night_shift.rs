@@ -16,16 +16,7 @@ use common::simulator::{SimConfig, Simulator};
 /// though each pod sees the others' lines at the server as traffic that is not its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_of_a_batch_alone_at_a_server_fill_much_of_its_places() {
-    // 20-ms steps, a millisecond more for each sequence: 32 make a step 2.6 times as long
-    // as one, and still give 2.2 times the tokens of 8.
-    let server = SimConfig {
-        max_batch: 32,
-        step_base: Duration::from_millis(20),
-        step_per_seq: Duration::from_millis(1),
-        default_max_tokens: 16,
-        ..SimConfig::default()
-    };
-    let sim = Simulator::start(server).await;
+    let sim = Simulator::start(cpu_like()).await;
     let operator = Operator::for_simulator(&sim, "    max_concurrency: 64\n", 200).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.create(&client.upload(input(&ids("line", 800), "sim-a")).await).await;
@@ -75,21 +66,13 @@ async fn four_pods_of_a_batch_beside_users_leave_them_near_their_pace() {
     );
 }
 
-/// A server whose steps slow 1 ms with every sequence (a CPU's; 20-ms steps, 32 places)
-/// with users at 10 a second, 16 tokens each (about a quarter of it): the pods keep the
-/// users' pace within its target between them, where each would hold its part of the
-/// room. The batch's lines slow the users' every step, and a pod that took its siblings'
-/// lines for users' would let its room grow with theirs.
+/// The CPU-like server with users at 10 a second, 16 tokens each (about a quarter of
+/// it): the pods between them keep the users' pace within its target, as one process
+/// would, each taking its part of the room. The batch's lines slow the users' every step,
+/// and a pod that took its siblings' lines for users' would let its room grow with theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_beside_users_on_a_cpu_keep_the_room_of_one_batch() {
-    let server = SimConfig {
-        max_batch: 32,
-        step_base: Duration::from_millis(20),
-        step_per_seq: Duration::from_millis(1),
-        default_max_tokens: 16,
-        ..SimConfig::default()
-    };
-    let sim = Simulator::start(server).await;
+    let sim = Simulator::start(cpu_like()).await;
     let operator = Operator::for_simulator(&sim, "    max_concurrency: 1024\n    priority: 1\n", 1_000).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let (_, beside) = four_pods_beside(&sim, &client, 4_000, (10.0, 16), Duration::from_millis(45)).await;
@@ -99,6 +82,19 @@ async fn four_pods_beside_users_on_a_cpu_keep_the_room_of_one_batch() {
     // that took their siblings' lines for users' held some 15 (1.79-1.95x, at 0.85).
     assert!(beside.held <= 8.0, "the pods hold one batch's room between them: {:.1} places", beside.held);
     assert!(beside.waited <= 0.1, "users find a place: {:.1}% of them waited", beside.waited * 100.0);
+}
+
+/// A server whose steps slow with every sequence, as a CPU's: 20 ms, and a millisecond
+/// more for each sequence (32 make a step 2.6 times as long as one, and still give 2.2
+/// times the tokens of 8), 16 tokens an answer.
+fn cpu_like() -> SimConfig {
+    SimConfig {
+        max_batch: 32,
+        step_base: Duration::from_millis(20),
+        step_per_seq: Duration::from_millis(1),
+        default_max_tokens: 16,
+        ..SimConfig::default()
+    }
 }
 
 /// What users saw beside four pods of a batch.
