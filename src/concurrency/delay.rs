@@ -45,6 +45,20 @@ const STEP_LEAST: u32 = 4;
 /// alone with its siblings: nothing to keep a pace for.
 const USERS_LEAST: f64 = 0.5;
 
+/// A process's part of the batch's `room`: all of it in `serve`. A worker pod's is its
+/// `share` of it, but the pod whose turn it is at the probe keeps a line whatever the
+/// caps, as `serve` does: its part counts the line, and the others share what it leaves,
+/// so that a room of less than a line is one line between the pods, not one and the
+/// others' parts.
+fn part(room: f64, share: f64, probing: bool) -> f64 {
+    let share = share.clamp(0.0, 1.0);
+    if share >= 1.0 || probing {
+        return share * room;
+    }
+    let others = (1.0 / share - 1.0).max(1.0);
+    (room - (share * room).max(f64::from(super::PROBE_LINES))).max(0.0) / others
+}
+
 /// A cap as whole requests: in `serve` (`share` 1) its floor, which keeps the users
 /// within the target; a worker pod's part of the room is a fraction, its floor one more
 /// with the probability of the fraction (`draw`: uniform in 0..1), as the headroom's
@@ -90,6 +104,9 @@ pub struct Look {
     /// [`super::view`]). `None`: as this process sees them, which in `serve` is all of
     /// them; a worker pod that has not been told yet holds nothing for them.
     pub users: Option<f64>,
+    /// This process keeps the probe's line now, whatever the caps
+    /// ([`super::PROBE_LINES`]; worker pods in turns, `serve` always).
+    pub probing: bool,
     /// The server's own time a token, where it says: the pace without the queue's wait,
     /// so a sample counts beside a queue too.
     pub token_time: Option<TokenTime>,
@@ -187,7 +204,7 @@ impl Delay {
         let alone = pace.fixed + pace.per_sequence * others;
         let room = (TARGET - 1.0) * alone / pace.per_sequence;
         // This process's part of it (all of it in `serve`), less its lines the server has.
-        let part = look.share.clamp(0.0, 1.0) * room;
+        let part = part(room, look.share, look.probing);
         let target = (f64::from(look.in_flight) + part - f64::from(look.ours)).max(0.0);
         // Down at once; up a line a sample, while the batch uses its cap.
         let cap = match self.cap {

@@ -22,6 +22,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+/// Lines a batch keeps in flight, whatever the caps, while the last reading saw nothing
+/// queue: a probe (`crate::exec::permits`; worker pods take turns at it). At none, a
+/// batch would learn nothing more of the server (its places are learned from what runs,
+/// its queue from what waits): a server whose users queue now and then on their own
+/// would hold it at none for good.
+pub const PROBE_LINES: u32 = 1;
+
 /// Counts of an upstream's finished requests, since the process started: the governor
 /// takes the difference between two readings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::remembered::LimitMemory;
 use super::upstream::{Upstream, Upstreams};
+use crate::concurrency::PROBE_LINES;
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
 use crate::concurrency::gate::{Gate, Pressure};
@@ -32,11 +33,6 @@ use crate::telemetry::LogThrottle;
 pub const TICK: Duration = Duration::from_millis(50);
 /// A failing load signal is logged at most this often (it is counted every time).
 const WARN_EVERY: Duration = Duration::from_secs(60);
-/// Lines a batch keeps in flight, whatever the caps, while the last reading saw nothing
-/// queue: a probe. At none, a batch would learn nothing more of the server (its places
-/// are learned from what runs, its queue from what waits): a server whose users queue
-/// now and then on their own would hold it at none for good.
-pub const PROBE_LINES: u32 = 1;
 /// Worker pods that share a server take turns at the probe, this long each in the order
 /// their grants give them: one probe between them, where a probe each would be four
 /// lines at a server of four slots.
@@ -273,6 +269,7 @@ impl LoadCaps {
                 others: !self.headroom.alone(),
                 share: part,
                 users: users(mode, upstream),
+                probing: self.probing,
                 token_time,
             };
             self.delay.read(now, look, limit, rand::random())

@@ -76,6 +76,7 @@ impl Server {
             others: users > 0,
             share: 1.0,
             users: None,
+            probing: true,
             token_time: self.token_time,
         };
         self.delay.read(self.now, look, LIMIT, 0.5)
@@ -196,6 +197,7 @@ fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
         others: true,
         share: 1.0,
         users: None,
+        probing: true,
         token_time: None,
     };
     feed.delay.read(feed.now, opening, LIMIT, 0.5);
@@ -237,6 +239,7 @@ impl Feed {
             others: true,
             share: if self.shared { 0.25 } else { 1.0 },
             users: None,
+            probing: true,
             token_time: None,
         };
         self.delay.read(self.now, look, limit, 0.5)
@@ -256,6 +259,7 @@ fn the_cap_comes_down_at_once_and_grows_back_a_line_a_sample_while_used() {
         others: true,
         share: 1.0,
         users: None,
+        probing: true,
         token_time: None,
     };
     feed.delay.read(feed.now, opening, LIMIT, 0.5);
@@ -287,6 +291,7 @@ fn samples_that_saw_a_queue_are_left_out_and_noise_is_not_a_slope() {
         others: true,
         share: 1.0,
         users: None,
+        probing: true,
         token_time: None,
     };
     feed.delay.read(feed.now, look(Timing::default(), 4.0, 0.0), LIMIT, 0.5);
@@ -341,6 +346,8 @@ fn pods(fixed: f64, per_sequence: f64, users: &[u32], limits: &[u32], told: bool
                 // Told, the users as the pods saw them together; else what a pod sees
                 // besides its own lines.
                 users: Some(f64::from(if told { users } else { users + batch - lines[pod] })),
+                // The first pod's turn at the probe.
+                probing: pod == 0,
                 token_time: None,
             };
             // A draw that goes round the unit interval, as a uniform one would.
@@ -362,6 +369,17 @@ fn worker_pods_each_take_their_part_of_the_room_one_process_would_have() {
     let told = last(&pods(fixed, per_sequence, &users, &[LIMIT], true, 120));
     assert!(slowed(told) <= TARGET + 0.01, "{told:.2} lines: users {:.3}x", slowed(told));
     assert!(told >= 4.0, "the pods use the room: {told:.1} lines of 5");
+}
+
+#[test]
+fn the_pod_at_the_probe_counts_its_line_in_its_part_and_the_others_share_what_it_leaves() {
+    // Four pods and room for five lines: a part each, the probe within one of them.
+    assert!((part(5.0, 0.25, true) - 1.25).abs() < 1e-9 && (part(5.0, 0.25, false) - 1.25).abs() < 1e-9);
+    // Room for two: the probe's line, and a third of the other each.
+    assert!((part(2.0, 0.25, true) - 0.5).abs() < 1e-9 && (part(2.0, 0.25, false) - 1.0 / 3.0).abs() < 1e-9);
+    // Less than a line: the probe's, and nothing besides.
+    assert_eq!(part(0.9, 0.25, false), 0.0);
+    assert_eq!(part(0.9, 1.0, true), 0.9, "serve: all of it");
 }
 
 #[test]
