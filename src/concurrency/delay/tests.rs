@@ -188,18 +188,7 @@ fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
         (0..20).map(|n| (10.0 + f64::from(n % 3), 20_000.0 + 6000.0 * f64::from((n * 7) % 5))).collect();
     assert_eq!(fit(&noisy), Fit::Flat);
     feed.delay.samples = noisy.clone();
-    let opening = Look {
-        timing: Timing::default(),
-        running: 14.0,
-        waiting: 0.0,
-        ours: 11,
-        in_flight: 11,
-        others: true,
-        share: 1.0,
-        users: None,
-        probing: true,
-        token_time: None,
-    };
+    let opening = beside_users(Timing::default(), 14.0, 11);
     feed.delay.read(feed.now, opening, LIMIT, 0.5);
     let caps: Vec<_> = (0..2 * FIT_SAMPLES).map(|_| feed.sample(14.0, 11, LIMIT)).collect();
     let steps: Vec<_> = caps.iter().enumerate().filter(|(_, cap)| cap.is_some()).map(|(at, _)| at).collect();
@@ -230,19 +219,26 @@ impl Feed {
         self.timing.micros += (128.0 * per_token) as u64;
         self.timing.load += (128.0 * running * 1000.0) as u64;
         self.now += SAMPLE;
-        let look = Look {
-            timing: self.timing,
-            running,
-            waiting: 0.0,
-            ours: in_flight,
-            in_flight,
-            others: true,
-            share: if self.shared { 0.25 } else { 1.0 },
-            users: None,
-            probing: true,
-            token_time: None,
-        };
+        let look =
+            Look { share: if self.shared { 0.25 } else { 1.0 }, ..beside_users(self.timing, running, in_flight) };
         self.delay.read(self.now, look, limit, 0.5)
+    }
+}
+
+/// A reading in `serve` beside other traffic: the server runs `running`, of them
+/// `in_flight` of this process's, all it has in flight, and nothing waits.
+fn beside_users(timing: Timing, running: f64, in_flight: u32) -> Look {
+    Look {
+        timing,
+        running,
+        waiting: 0.0,
+        ours: in_flight,
+        in_flight,
+        others: true,
+        share: 1.0,
+        users: None,
+        probing: true,
+        token_time: None,
     }
 }
 
@@ -250,18 +246,7 @@ impl Feed {
 fn the_cap_comes_down_at_once_and_grows_back_a_line_a_sample_while_used() {
     let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
     feed.delay.samples = (0..20).map(|n| (f64::from(n % 5), 2000.0 + 2000.0 * f64::from(n % 5))).collect();
-    let opening = Look {
-        timing: Timing::default(),
-        running: 11.0,
-        waiting: 0.0,
-        ours: 10,
-        in_flight: 10,
-        others: true,
-        share: 1.0,
-        users: None,
-        probing: true,
-        token_time: None,
-    };
+    let opening = beside_users(Timing::default(), 11.0, 10);
     feed.delay.read(feed.now, opening, LIMIT, 0.5);
     // One user: alone 4 ms a token, room for 0.2 × 4 / 2 = 0.4 of a line.
     assert_eq!(feed.sample(11.0, 10, LIMIT), Some(0));
@@ -282,18 +267,7 @@ fn the_cap_comes_down_at_once_and_grows_back_a_line_a_sample_while_used() {
 #[test]
 fn samples_that_saw_a_queue_are_left_out_and_noise_is_not_a_slope() {
     let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
-    let look = |timing, running, waiting| Look {
-        timing,
-        running,
-        waiting,
-        ours: 1,
-        in_flight: 1,
-        others: true,
-        share: 1.0,
-        users: None,
-        probing: true,
-        token_time: None,
-    };
+    let look = |timing, running, waiting| Look { waiting, ..beside_users(timing, running, 1) };
     feed.delay.read(feed.now, look(Timing::default(), 4.0, 0.0), LIMIT, 0.5);
     for n in 0..20_u64 {
         feed.timing.lines += 4;
