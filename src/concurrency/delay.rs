@@ -44,6 +44,13 @@ const STEP_LEAST: u32 = 4;
 /// A worker pod whose users ran fewer sequences than this on average over a sample is
 /// alone with its siblings: nothing to keep a pace for.
 const USERS_LEAST: f64 = 0.5;
+/// … and gone only once no sample saw at least [`USERS_LEAST`] of them for this long (the
+/// headroom's span, [`super::headroom::RESERVE_OVER`]): a dip is not a departure. At a
+/// server of a few slots users come and go between one grant's view and the next (at
+/// llama-server with 4 slots and users at 1.6 a second, 0.0 to 3.0 in grants a second
+/// apart), and a pod that took every dip for their departure held nothing for them a
+/// sample at a time, some 10% of its readings.
+const USERS_GONE: Duration = super::headroom::RESERVE_OVER;
 
 /// A process's part of the batch's `room`: all of it in `serve`. A worker pod's is its
 /// `share` of it, but the pod whose turn it is at the probe keeps a line whatever the
@@ -128,6 +135,8 @@ pub struct Delay {
     step: Option<(u32, u32)>,
     /// Samples since the last step down began (`None`: never).
     since_step: Option<usize>,
+    /// A worker pod's last sample whose users ran at least [`USERS_LEAST`] ([`USERS_GONE`]).
+    users_seen: Option<Instant>,
 }
 
 /// What the samples say of a step's pace.
@@ -189,7 +198,11 @@ impl Delay {
         self.step = self.step.and_then(|(cap, left)| (left > 1).then_some((cap, left - 1)));
         // A worker pod beside its siblings alone (their lines are the batch's), or not
         // told yet what its users run.
-        if !look.others || (shared && (look.users.is_none() || others < USERS_LEAST)) {
+        if others >= USERS_LEAST {
+            self.users_seen = Some(now);
+        }
+        let users_gone = self.users_seen.is_none_or(|at| now.saturating_duration_since(at) > USERS_GONE);
+        if !look.others || (shared && (look.users.is_none() || users_gone)) {
             self.set(None, &look, draw);
             self.step = None;
             return None;
