@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::line::Line;
 use super::signals::TokenTime;
+use super::view::Presence;
 
 /// A sample is the lines that finished over at least this long…
 pub const SAMPLE: Duration = Duration::from_millis(500);
@@ -41,17 +42,6 @@ const FIT_T: f64 = 3.0;
 pub const STEP_SAMPLES: u32 = 2;
 /// … when it has at least this many lines in flight (half of fewer spreads little).
 const STEP_LEAST: u32 = 4;
-/// A worker pod whose users ran fewer sequences than this on average over a sample is
-/// alone with its siblings: nothing to keep a pace for.
-const USERS_LEAST: f64 = 0.5;
-/// … and gone only once no sample saw at least [`USERS_LEAST`] of them for this long (the
-/// headroom's span, [`super::headroom::RESERVE_OVER`]): a dip is not a departure. At a
-/// server of a few slots users come and go between one grant's view and the next (at
-/// llama-server with 4 slots and users at 1.6 a second, 0.0 to 3.0 in grants a second
-/// apart), and a pod that took every dip for their departure held nothing for them a
-/// sample at a time, some 10% of its readings.
-const USERS_GONE: Duration = super::headroom::RESERVE_OVER;
-
 /// A process's part of the batch's `room`: all of it in `serve`. A worker pod's is its
 /// `share` of it, but the pod whose turn it is at the probe keeps a line whatever the
 /// caps, as `serve` does: its part counts the line, and the others share what it leaves,
@@ -135,8 +125,8 @@ pub struct Delay {
     step: Option<(u32, u32)>,
     /// Samples since the last step down began (`None`: never).
     since_step: Option<usize>,
-    /// A worker pod's last sample whose users ran at least [`USERS_LEAST`] ([`USERS_GONE`]).
-    users_seen: Option<Instant>,
+    /// Whether a worker pod's users have gone, over its samples.
+    users: Presence,
 }
 
 /// What the samples say of a step's pace.
@@ -197,11 +187,10 @@ impl Delay {
         self.since_step = self.since_step.map(|since| since + 1);
         self.step = self.step.and_then(|(cap, left)| (left > 1).then_some((cap, left - 1)));
         // A worker pod beside its siblings alone (their lines are the batch's), or not
-        // told yet what its users run.
-        if others >= USERS_LEAST {
-            self.users_seen = Some(now);
-        }
-        let users_gone = self.users_seen.is_none_or(|at| now.saturating_duration_since(at) > USERS_GONE);
+        // told yet what its users run. A dip is not a departure: a pod that let its cap
+        // go at every sample of fewer than half a user held nothing for them some 10% of
+        // its readings, at a server of four slots.
+        let users_gone = self.users.gone(now, others);
         if !look.others || (shared && (look.users.is_none() || users_gone)) {
             self.set(None, &look, draw);
             self.step = None;

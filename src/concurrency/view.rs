@@ -8,6 +8,7 @@
 //! The design: docs/src/night-shift-design.md#several-pods-at-one-server
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +62,33 @@ pub fn users(views: &[View], unseen: u64) -> Option<u64> {
     Some(u64::try_from(each.sum::<i128>() / count).unwrap_or(0))
 }
 
+/// A worker pod whose users ran fewer requests than this (as its grant says, or on
+/// average over a sample of the delay's) is alone with its siblings, if it stays so…
+pub const USERS_LEAST: f64 = 0.5;
+/// … for this long (the headroom's span, [`super::headroom::RESERVE_OVER`]): a dip is
+/// not a departure. At a server of a few slots users come and go between one grant's
+/// view and the next (at llama-server with 4 slots and users at 1.6 a second, 0.0 to 3.0
+/// in grants a second apart).
+pub const USERS_GONE: Duration = super::headroom::RESERVE_OVER;
+
+/// Whether a worker pod's users have gone, over what it is told they run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Presence {
+    /// The last time they ran at least [`USERS_LEAST`].
+    seen: Option<Instant>,
+}
+
+impl Presence {
+    /// Takes in what the users ran at `now`; returns whether none ran [`USERS_LEAST`]
+    /// for [`USERS_GONE`] (or ever).
+    pub fn gone(&mut self, now: Instant, users: f64) -> bool {
+        if users >= USERS_LEAST {
+            self.seen = Some(now);
+        }
+        self.seen.is_none_or(|at| now.saturating_duration_since(at) > USERS_GONE)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +128,18 @@ mod tests {
         // Nobody but the batch, seen with some noise: none, not less.
         assert_eq!(users(&[View { others: 3_000, ours: 4_000 }, View { others: 3_500, ours: 3_000 }], 0), Some(0));
         assert_eq!(users(&[], 6_000), None);
+    }
+
+    #[test]
+    fn users_are_gone_once_none_ran_for_a_while_not_at_a_dip() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut presence = Presence::default();
+        assert!(presence.gone(at(0), 0.2), "never seen");
+        assert!(!presence.gone(at(100), 3.0));
+        assert!(!presence.gone(at(1_100), 0.0), "a dip");
+        assert!(!presence.gone(at(100) + USERS_GONE, 0.1));
+        assert!(presence.gone(at(101) + USERS_GONE, 0.1), "gone");
+        assert!(!presence.gone(at(9_000), 0.5), "back");
     }
 }
