@@ -258,7 +258,7 @@ impl LoadCaps {
         // its part of the room, and regrows in the time a lone process's does.
         let places = self.headroom.places().map(|places| places * part);
         let cap = self.gate.read(now, pressure, in_flight, limit, places);
-        self.note_ran(upstream, runs.map(|runs| runs.running), ours, now);
+        self.note_ran(upstream, mode, runs.map(|runs| runs.running), ours, now);
         self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),
@@ -283,12 +283,14 @@ impl LoadCaps {
     }
 
     /// What the server ran since the reading before, for the lines' own averages
-    /// ([`delay`]); a gap of more than a second says nothing of it. And what it ran
-    /// besides this process's lines, for a worker pod's acknowledgment.
-    fn note_ran(&mut self, upstream: &Upstream, running: Option<f64>, ours: u32, now: std::time::Instant) {
+    /// ([`delay`]); a gap of more than a second says nothing of it. And, in a worker pod,
+    /// what it ran besides the pod's lines, for its acknowledgment (`serve` has none).
+    fn note_ran(&mut self, upstream: &Upstream, mode: Mode, running: Option<f64>, ours: u32, now: std::time::Instant) {
         match running {
             Some(running) => {
-                upstream.observed.seen(running, ours);
+                if mode == Mode::Granted {
+                    upstream.observed.seen(running, ours);
+                }
                 if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
                     && since <= Duration::from_secs(1)
                 {
