@@ -62,6 +62,21 @@ pub fn users(views: &[View], unseen: u64) -> Option<u64> {
     Some(u64::try_from(each.sum::<i128>() / count).unwrap_or(0))
 }
 
+/// The users a grant says: those it said before, while what the workers see now is
+/// within an eighth of them or a quarter of a request, and on the same side of
+/// [`USERS_LEAST`]. A pod's room moves by a twentieth of a line for a quarter of a user
+/// ([`super::delay`]), and a grant rewritten at every controller pass for the noise of
+/// half-second views is a write to storage every pass, for every pod.
+pub fn steady(granted: Option<u64>, seen: u64) -> u64 {
+    let least = (USERS_LEAST * 1000.0) as u64;
+    match granted {
+        Some(granted) if granted.abs_diff(seen) < (granted / 8).max(250) && (granted >= least) == (seen >= least) => {
+            granted
+        }
+        _ => seen,
+    }
+}
+
 /// A worker pod whose users ran fewer requests than this (as its grant says, or on
 /// average over a sample of the delay's) is alone with its siblings, if it stays so…
 pub const USERS_LEAST: f64 = 0.5;
@@ -141,5 +156,17 @@ mod tests {
         assert!(!presence.gone(at(100) + USERS_GONE, 0.1));
         assert!(presence.gone(at(101) + USERS_GONE, 0.1), "gone");
         assert!(!presence.gone(at(9_000), 0.5), "back");
+    }
+
+    #[test]
+    fn a_grant_keeps_its_users_through_noise() {
+        assert_eq!(steady(None, 8_300), 8_300);
+        assert_eq!(steady(Some(8_000), 8_900), 8_000, "within an eighth");
+        assert_eq!(steady(Some(8_000), 9_000), 9_000);
+        assert_eq!(steady(Some(8_000), 7_001), 8_000);
+        assert_eq!(steady(Some(1_000), 1_240), 1_000, "within a quarter of a request");
+        assert_eq!(steady(Some(1_000), 750), 750);
+        assert_eq!(steady(Some(600), 450), 450, "across the least users: the pods judge by it");
+        assert_eq!(steady(Some(0), 200), 0);
     }
 }

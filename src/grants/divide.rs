@@ -106,7 +106,9 @@ pub fn divide(
                 let turn = wanting.iter().position(|wants| *wants == name).unwrap_or(wanting.len());
                 grant.turn.insert(upstream.clone(), turn.try_into().unwrap_or(u32::MAX));
                 match users {
-                    Some(users) => grant.users.insert(upstream.clone(), users),
+                    Some(users) => grant
+                        .users
+                        .insert(upstream.clone(), view::steady(seen.granted.users.get(upstream).copied(), users)),
                     None => grant.users.remove(upstream),
                 };
             } else {
@@ -232,6 +234,14 @@ mod tests {
             assert_eq!(next[name].users.get("vllm"), Some(&2_000), "{name}");
             assert_eq!(next[name].users.get("tgi"), None, "nobody read its signal: {name}");
         }
+        // Granted so, and seen a little otherwise: the grants stay as they are (a write each).
+        for name in ["a", "b", "c"] {
+            workers.get_mut(name).unwrap().granted = next[name].clone();
+        }
+        workers.get_mut("b").unwrap().acked = Some(acked("vllm", observed(saw(2_100 + 3_000, 5_000), 5)));
+        assert_eq!(divide(&limits, &workers, &BTreeMap::new()), next);
+        workers.get_mut("b").unwrap().acked = Some(acked("vllm", observed(saw(3_000 + 3_000, 5_000), 5)));
+        assert_eq!(divide(&limits, &workers, &BTreeMap::new())["a"].users.get("vllm"), Some(&2_500));
     }
 
     #[test]
