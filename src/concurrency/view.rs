@@ -80,11 +80,13 @@ pub fn steady(granted: Option<u64>, seen: u64) -> u64 {
 /// A worker pod whose users ran fewer requests than this (as its grant says, or on
 /// average over a sample of the delay's) is alone with its siblings, if it stays so…
 pub const USERS_LEAST: f64 = 0.5;
-/// … for this long (the headroom's span, [`super::headroom::RESERVE_OVER`]): a dip is
-/// not a departure. At a server of a few slots users come and go between one grant's
-/// view and the next (at llama-server with 4 slots and users at 1.6 a second, 0.0 to 3.0
-/// in grants a second apart).
-pub const USERS_GONE: Duration = super::headroom::RESERVE_OVER;
+/// … for this long: a dip is not a departure. At a server of a few slots users come and
+/// go between one grant's view and the next (at llama-server with 4 slots and users at
+/// 1.6 a second, 0.0 to 3.0 in grants a second apart, and none for a second at most).
+/// Not longer: a pod that leaves takes its lines out of the sum before the other pods'
+/// views do (half a second to a second later), and they are users for that long;
+/// bridged for 5 s, four pods alone at a server held a line or two each for 6 s.
+pub const USERS_GONE: Duration = Duration::from_secs(2);
 
 /// Whether a worker pod's users have gone, over what it is told they run.
 #[derive(Clone, Copy, Debug, Default)]
