@@ -2,12 +2,13 @@
 //! which upstreams it has lines for and the tokens it spent; releases everything when
 //! the worker ends.
 
-use std::time::Duration;
-
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::{Ack, Observation, TokenUse, read_ack, read_grant, write_ack};
 use crate::exec::ExecContext;
+use crate::exec::upstream::Upstreams;
 
 /// How often a worker looks at its grant.
 pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
@@ -57,18 +58,7 @@ impl Run<'_> {
                             .iter()
                             .map(|u| (u.name.clone(), u.limiter.size().max(u.control.grant.load(Ordering::Relaxed))))
                             .collect(),
-                        observed: upstreams
-                            .iter()
-                            .map(|u| {
-                                let observation = Observation {
-                                    counts: u.observed.counts(),
-                                    in_flight: u.limiter.in_flight(),
-                                    signal_stale: u.control.signal_stale.load(Ordering::Relaxed),
-                                    view: u.observed.take_view(),
-                                };
-                                (u.name.clone(), observation)
-                            })
-                            .collect(),
+                        observed: observed(upstreams),
                         wants: upstreams.iter().filter(|u| u.limiter.take_wanted()).map(|u| u.name.clone()).collect(),
                         released: false,
                         run: self.run.clone(),
@@ -105,8 +95,12 @@ impl Run<'_> {
             return;
         }
         let quota = &self.exec.quota;
+        // With what it saw of the servers since its last acknowledgment: its last lines
+        // are in the other workers' views for a while yet, and the users the controller
+        // sums from them would be those lines ([`crate::concurrency::view::users`]).
         let ack = Ack {
             released: true,
+            observed: observed(&self.exec.upstreams),
             run: self.run.clone(),
             tokens: quota.is_granted().then(|| TokenUse {
                 base: self.base_tokens,
@@ -119,4 +113,20 @@ impl Run<'_> {
             tracing::warn!(%error, "could not release the grant");
         }
     }
+}
+
+/// What the worker saw of each upstream since its last acknowledgment.
+fn observed(upstreams: &Upstreams) -> BTreeMap<String, Observation> {
+    upstreams
+        .iter()
+        .map(|u| {
+            let observation = Observation {
+                counts: u.observed.counts(),
+                in_flight: u.limiter.in_flight(),
+                signal_stale: u.control.signal_stale.load(Ordering::Relaxed),
+                view: u.observed.take_view(),
+            };
+            (u.name.clone(), observation)
+        })
+        .collect()
 }
