@@ -27,9 +27,10 @@ async fn four_pods_of_a_batch_alone_at_a_server_fill_much_of_its_places() {
     eprintln!("[night shift] four pods alone at a server of 32 places: {held:.1} places held on average");
     assert_eq!(stats.finished.values().sum::<u64>(), 800, "each line once: {stats:?}");
     assert!(stats.metrics_reads.values().sum::<u64>() > 0, "the pods read the server's load signal: {stats:?}");
-    // With the signal read, 13.0 to 20.5 (each pod's headroom counts its siblings' lines
-    // as other traffic; the users' pace holds nothing: the pods saw no users together).
-    // A line a pod would be 4.
+    // With the signal read, 13.0 to 20.5, and 7.9 in two runs beside two other such
+    // tests on two cores (each pod's headroom counts its siblings' lines as other
+    // traffic; the users' pace holds nothing: the pods saw no users together). A line a
+    // pod would be 4.
     assert!(held >= 6.0, "the batch fills much of the server's places, not a line a pod: {held:.1} of 32");
 }
 
