@@ -422,8 +422,7 @@ fn probing(mode: Mode, upstream: &Upstream, now: std::time::SystemTime) -> bool 
 /// epoch: in its turn of [`PROBE_TURN`], but not in the last `line` of it (the batch's
 /// lines' average time at the upstream, half a turn at most), so that its last line ends
 /// about when the next pod's turn begins. A line started at the turn's end ran on beside
-/// the next pod's: two lines at a server of four slots, a tenth of the time at
-/// llama-server with the small model.
+/// the next pod's: two lines at a server of four slots, where the pods meant one.
 fn in_turn(since: Duration, sharing: u32, turn: u32, line: Duration) -> bool {
     if sharing <= 1 {
         return true;
