@@ -190,8 +190,7 @@ impl Delay {
         // told yet what its users run. A dip is not a departure: a pod that let its cap
         // go at every sample of fewer than half a user held nothing for them some 10% of
         // its readings, at a server of four slots.
-        let users_gone = self.users.gone(now, others);
-        if !look.others || (shared && (look.users.is_none() || users_gone)) {
+        if !look.others || (shared && (look.users.is_none() || self.users.gone(now, others))) {
             self.set(None, &look, draw);
             self.step = None;
             return None;

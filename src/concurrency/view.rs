@@ -62,30 +62,16 @@ pub fn users(views: &[View], unseen: u64) -> Option<u64> {
     Some(u64::try_from(each.sum::<i128>() / count).unwrap_or(0))
 }
 
-/// The users a grant says: those it said before, while what the workers see now is
-/// within an eighth of them or a quarter of a request, and on the same side of
-/// [`USERS_LEAST`]. A pod's room moves by a twentieth of a line for a quarter of a user
-/// ([`super::delay`]), and a grant rewritten at every controller pass for the noise of
-/// half-second views is a write to storage every pass, for every pod.
-pub fn steady(granted: Option<u64>, seen: u64) -> u64 {
-    let least = (USERS_LEAST * 1000.0) as u64;
-    match granted {
-        Some(granted) if granted.abs_diff(seen) < (granted / 8).max(250) && (granted >= least) == (seen >= least) => {
-            granted
-        }
-        _ => seen,
-    }
-}
-
 /// A worker pod whose users ran fewer requests than this (as its grant says, or on
 /// average over a sample of the delay's) is alone with its siblings, if it stays so…
 pub const USERS_LEAST: f64 = 0.5;
 /// … for this long: a dip is not a departure. At a server of a few slots users come and
 /// go between one grant's view and the next (at llama-server with 4 slots and users at
 /// 1.6 a second, 0.0 to 3.0 in grants a second apart, and none for a second at most).
-/// Not longer: a pod that leaves takes its lines out of the sum before the other pods'
-/// views do (half a second to a second later), and they are users for that long;
-/// bridged for 5 s, four pods alone at a server held a line or two each for 6 s.
+/// Not longer: users that are not there last about that long too. A pod that left took
+/// its lines out of the sum before the other pods' views did, until its release carried
+/// its last view; bridged for 5 s, those users held four pods alone a line or two each
+/// for 6 s.
 pub const USERS_GONE: Duration = Duration::from_secs(2);
 
 /// Whether a worker pod's users have gone, over what it is told they run.
@@ -103,6 +89,21 @@ impl Presence {
             self.seen = Some(now);
         }
         self.seen.is_none_or(|at| now.saturating_duration_since(at) > USERS_GONE)
+    }
+}
+
+/// The users a grant says: those it said before, while what the workers see now is
+/// within an eighth of them or a quarter of a request, and on the same side of
+/// [`USERS_LEAST`]. A pod's room moves by a twentieth of a line for a quarter of a user
+/// ([`super::delay`]), and a grant rewritten at every controller pass for the noise of
+/// half-second views is a write to storage every pass, for every pod.
+pub fn steady(granted: Option<u64>, seen: u64) -> u64 {
+    let least = (USERS_LEAST * 1000.0) as u64;
+    match granted {
+        Some(granted) if granted.abs_diff(seen) < (granted / 8).max(250) && (granted >= least) == (seen >= least) => {
+            granted
+        }
+        _ => seen,
     }
 }
 
