@@ -27,4 +27,8 @@ pub struct Control {
     /// The load signal's last reading was set aside as stale ([`super::staleness`]): a
     /// worker pod says so in its acknowledgment, and the controller warns on its Batch.
     pub signal_stale: AtomicBool,
+    /// A worker pod's load signal says its batch is alone at the server, its places
+    /// known: its own caps fill them ([`super::headroom`]), and the controller's
+    /// throughput rule stands aside while every pod says so.
+    pub filling: AtomicBool,
 }

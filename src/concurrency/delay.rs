@@ -96,8 +96,8 @@ pub struct Look {
     /// step down, or kept past what the samples say, could hold the batch for its
     /// siblings' lines, which come and go as theirs do. Neither, then.
     pub share: f64,
-    /// The users' requests the server runs, as every process that sends it the batch's
-    /// lines saw them together (a worker pod's grant says, a second late;
+    /// The users' requests the server holds (runs, or queues: few do beside a paced
+    /// batch), as every process that sends it the batch's lines saw them together (a worker pod's grant says, a second late;
     /// [`super::view`]). `None`: as this process sees them, which in `serve` is all of
     /// them; a worker pod that has not been told yet holds nothing for them.
     pub users: Option<f64>,

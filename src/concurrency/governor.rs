@@ -22,6 +22,10 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(30);
 /// settling one after each doubling, or a doubling would be judged before its lines
 /// were counted.
 pub const START_WINDOW: Duration = Duration::from_millis(250);
+/// After overload cut the adaptive limit (429s, 503s, timeouts), the throughput rule
+/// governs a batch alone for this long, where the server's count would fill it
+/// ([`Look::overruled`]).
+pub const OVERLOAD_RULES_FOR: Duration = Duration::from_secs(10);
 /// Overload cuts the limit at most this often (a burst of 429s is one signal).
 const BACKOFF_EVERY: Duration = Duration::from_secs(1);
 
@@ -98,6 +102,15 @@ impl Governor {
     /// Whether the limit is one measured at the server (past the doubling from the start).
     pub fn has_measured(&self) -> bool {
         !self.rule.is_starting()
+    }
+
+    /// Something else set the lines in flight ([`Look::overruled`]), and they are
+    /// `in_flight`: the rule, once it governs again, measures from there rather than from
+    /// where it stood before. Worker pods alone at a server fill it between them while the
+    /// controller's rule stands aside; one pod that sees users for a moment hands the
+    /// lines back to the rule, which had stood at its start.
+    pub fn filled(&mut self, in_flight: u32, ceiling: u32) {
+        self.rule.filled(in_flight, ceiling);
     }
 
     /// Whether overload cut the limit within `span` of `now`.

@@ -49,6 +49,10 @@ pub struct Occupancy {
     pub in_flight: u32,
     /// The share of its KV cache in use (0..1), where the server says.
     pub kv_cache_usage: Option<f64>,
+    /// What the server holds besides this process's lines is the batch's own: a worker
+    /// pod's siblings' lines, its grant saying the users have gone. The batch is alone
+    /// there, as if one process held all its lines.
+    pub siblings_only: bool,
 }
 
 impl Occupancy {
@@ -130,7 +134,8 @@ impl Headroom {
         if others > 0.0 {
             self.others_seen = Some(now);
         }
-        self.alone = self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
+        self.alone = occupancy.siblings_only
+            || self.others_seen.is_none_or(|at| now.saturating_duration_since(at) > RESERVE_OVER);
         // A dip is not a departure (the module's doc): growth counts from the higher of
         // the two readings before, and other traffic from the most of this one, the
         // readings of the last `DIP` and the one before them.
@@ -202,7 +207,7 @@ mod tests {
 
     /// A reading with every line in flight at the server.
     fn occupancy(running: f64, waiting: f64, in_flight: u32) -> Occupancy {
-        Occupancy { running, waiting, ours: in_flight, in_flight, kv_cache_usage: None }
+        Occupancy { running, waiting, ours: in_flight, in_flight, kv_cache_usage: None, siblings_only: false }
     }
 
     #[test]
@@ -347,6 +352,26 @@ mod tests {
         assert_eq!(headroom.read(at(start, 6400), occupancy(12.0, 0.0, 5), 0.5), Some(5.0 + 9.5));
         // Over-full by 5 (with the reserve): each gives back half.
         assert_eq!(headroom.read(at(start, 6500), occupancy(32.0, 4.0, 29), 0.5), Some(29.0 - 2.5));
+    }
+
+    #[test]
+    fn pods_alone_together_fill_the_places_as_one_process_would() {
+        let start = Instant::now();
+        // Four pods of 8 lines each at a server of 32 places that queued 8 of them: each
+        // sees 24 lines that are not its own.
+        let pod = |running, waiting, siblings_only| Occupancy { siblings_only, ..occupancy(running, waiting, 8) };
+        let mut headroom = Headroom::default();
+        assert_eq!(headroom.read(at(start, 0), pod(32.0, 0.0, true), 0.25), Some(8.0 * GROWTH_ALONE));
+        assert!(headroom.alone());
+        headroom.read(at(start, 100), pod(32.0, 8.0, true), 0.25);
+        // 28 of the 40 finished: each pod takes a quarter of the places they free, and of
+        // the queue a batch alone keeps.
+        let freed = pod(24.0, 0.0, true);
+        assert_eq!(headroom.read(at(start, 200), freed, 0.25), Some(8.0 + (32.0 + 8.0 - 24.0) / 4.0));
+        // The grant says users came: the siblings' lines are others' again, at once.
+        let told = headroom.read(at(start, 300), pod(24.0, 0.0, false), 0.25).unwrap();
+        assert!(!headroom.alone());
+        assert!(told < 8.0 + 1.0, "no room beyond the siblings' lines and the reserve: {told}");
     }
 
     #[test]

@@ -150,15 +150,16 @@ impl Observed {
         }
     }
 
-    /// A reading of the load signal: the server runs `running` requests, and has `ours`
-    /// of this process's ([`view::Views::add`]).
-    pub fn seen(&self, running: f64, ours: u32) {
-        self.views.add(running, ours);
+    /// A reading of the load signal: the server holds `held` requests (running or
+    /// queued), and has `ours` of this process's ([`view::Views::add`]).
+    pub fn seen(&self, held: f64, ours: u32) {
+        self.views.add(held, ours);
     }
 
-    /// What the load signal saw since this was last taken ([`view::Views::take`]).
-    pub fn take_view(&self) -> Option<view::View> {
-        self.views.take()
+    /// What the load signal saw since this was last taken, stamped with the beat `until`
+    /// ([`view::Views::take`]).
+    pub fn take_view(&self, until: u64) -> Option<view::View> {
+        self.views.take(until)
     }
 
     pub fn overloaded(&self) {

@@ -131,6 +131,14 @@ impl Rule {
         self.limit
     }
 
+    /// Something else held `lines` in flight, more than the limit: the rule measures
+    /// there, as after [`Self::resume`].
+    pub fn filled(&mut self, lines: u32, ceiling: u32) {
+        if lines > self.limit {
+            self.set(lines.min(ceiling.max(1)), Phase::Measure, None);
+        }
+    }
+
     /// Whether the limit is still doubling from the start.
     pub fn is_starting(&self) -> bool {
         self.phase == Phase::Start

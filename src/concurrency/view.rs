@@ -13,12 +13,20 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 /// A worker's view of a server over its readings since its last acknowledgment, on
-/// average, in thousandths of a request: what the server ran that was not the worker's,
-/// and the worker's own lines it ran.
+/// average, in thousandths of a request: what the server held (ran or queued) that was
+/// not the worker's, and the worker's own lines it held. Queued too, not only run: a
+/// batch that fills a server and queues there keeps the users who come behind its
+/// queue, where a view of what ran would not see them; and its queued lines, counted
+/// against what ran, hid the users that did run (four pods filling a server, users
+/// came and the grants said none for 5.5 s).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct View {
     pub others: u64,
     pub ours: u64,
+    /// The beat it was taken on (`crate::grants::BEAT`), in milliseconds since the epoch:
+    /// views of one beat cover the same readings' time.
+    #[serde(default)]
+    pub until: u64,
 }
 
 /// Readings summed as they come: the permit loop adds, the acknowledgment takes.
@@ -30,21 +38,22 @@ pub struct Views {
 }
 
 impl Views {
-    /// A reading: the server runs `running` requests, and has `ours` of this process's
-    /// (some perhaps still on their way, or queued: not running).
-    pub fn add(&self, running: f64, ours: u32) {
-        let running = running.max(0.0);
-        let ours = f64::from(ours).min(running);
+    /// A reading: the server holds `held` requests (running or queued), and has `ours`
+    /// of this process's (some perhaps still on their way: not held yet).
+    pub fn add(&self, held: f64, ours: u32) {
+        let held = held.max(0.0);
+        let ours = f64::from(ours).min(held);
         self.readings.fetch_add(1, Ordering::Relaxed);
-        self.others.fetch_add(((running - ours) * 1000.0) as u64, Ordering::Relaxed);
+        self.others.fetch_add(((held - ours) * 1000.0) as u64, Ordering::Relaxed);
         self.ours.fetch_add((ours * 1000.0) as u64, Ordering::Relaxed);
     }
 
-    /// The view since the last one taken, if a reading came.
-    pub fn take(&self) -> Option<View> {
+    /// The view since the last one taken, if a reading came, stamped with the beat
+    /// `until`.
+    pub fn take(&self, until: u64) -> Option<View> {
         let readings = self.readings.swap(0, Ordering::Relaxed);
         let (others, ours) = (self.others.swap(0, Ordering::Relaxed), self.ours.swap(0, Ordering::Relaxed));
-        (readings > 0).then(|| View { others: others / readings, ours: ours / readings })
+        (readings > 0).then(|| View { others: others / readings, ours: ours / readings, until })
     }
 }
 
@@ -60,6 +69,18 @@ pub fn users(views: &[View], unseen: u64) -> Option<u64> {
     let each = views.iter().map(|view| i128::from(view.others) - (batch - i128::from(view.ours)));
     let count = i128::try_from(views.len()).ok().filter(|count| *count > 0)?;
     Some(u64::try_from(each.sum::<i128>() / count).unwrap_or(0))
+}
+
+/// The beat most of `views` were taken on (the later of two as common): the views the
+/// controller combines ([`users`]). A pod whose acknowledgment of that beat has not come
+/// yet, or came late, has a view of another half second, in which the others' lines
+/// were not what they are in these; its requests in flight stand for its lines instead.
+pub fn beat(views: &[View]) -> Option<u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for view in views {
+        *counts.entry(view.until).or_insert(0_usize) += 1;
+    }
+    counts.into_iter().max_by_key(|(until, count)| (*count, *until)).map(|(until, _)| until)
 }
 
 /// A worker pod whose users ran fewer requests than this (as its grant says, or on
@@ -85,10 +106,16 @@ impl Presence {
     /// Takes in what the users ran at `now`; returns whether none ran [`USERS_LEAST`]
     /// for [`USERS_GONE`] (or ever).
     pub fn gone(&mut self, now: Instant, users: f64) -> bool {
+        self.gone_for(now, users, USERS_GONE)
+    }
+
+    /// Takes in what the users ran at `now`; returns whether none ran [`USERS_LEAST`]
+    /// for `span` (or ever).
+    pub fn gone_for(&mut self, now: Instant, users: f64, span: Duration) -> bool {
         if users >= USERS_LEAST {
             self.seen = Some(now);
         }
-        self.seen.is_none_or(|at| now.saturating_duration_since(at) > USERS_GONE)
+        self.seen.is_none_or(|at| now.saturating_duration_since(at) > span)
     }
 }
 
@@ -114,19 +141,20 @@ mod tests {
     #[test]
     fn a_view_is_the_average_of_its_readings_and_starts_again_once_taken() {
         let views = Views::default();
-        assert_eq!(views.take(), None);
+        assert_eq!(views.take(500), None);
         views.add(10.0, 4);
         views.add(12.0, 2);
-        // Lines of ours the server does not run yet are not ours there, nor others'.
+        // Lines of ours the server does not hold yet are not ours there, nor others'.
         views.add(3.0, 5);
-        assert_eq!(views.take(), Some(View { others: (6_000 + 10_000) / 3, ours: (4_000 + 2_000 + 3_000) / 3 }));
-        assert_eq!(views.take(), None);
+        let (others, ours) = ((6_000 + 10_000) / 3, (4_000 + 2_000 + 3_000) / 3);
+        assert_eq!(views.take(1_000), Some(View { others, ours, until: 1_000 }));
+        assert_eq!(views.take(1_500), None);
     }
 
     #[test]
     fn the_users_are_what_each_saw_less_the_others_lines_and_growth_between_views_cancels() {
         // Three users; pods of 4, 5 and 6 lines, each seeing the rest as others.
-        let view = |ours: u64| View { others: 3_000 + 15_000 - ours, ours };
+        let view = |ours: u64| View { others: 3_000 + 15_000 - ours, ours, until: 0 };
         assert_eq!(users(&[view(4_000), view(5_000), view(6_000)], 0), Some(3_000));
         // Four pods growing a line every 100 ms, their views 100 ms apart: each saw the
         // others at a different moment, and alone would take some of them for users.
@@ -135,7 +163,7 @@ mod tests {
             .map(|pod| {
                 let now = pod * 100;
                 let others = 2_000 + (0..4_u64).filter(|other| *other != pod).map(|_| at(now)).sum::<u64>();
-                View { others, ours: at(now) }
+                View { others, ours: at(now), until: 0 }
             })
             .collect();
         let alone = views[3].others - views.iter().take(3).map(|view| view.ours).sum::<u64>();
@@ -144,8 +172,18 @@ mod tests {
         // A pod without a view: its lines in flight are the batch's.
         assert_eq!(users(&[view(4_000), view(5_000)], 6_000), Some(3_000));
         // Nobody but the batch, seen with some noise: none, not less.
-        assert_eq!(users(&[View { others: 3_000, ours: 4_000 }, View { others: 3_500, ours: 3_000 }], 0), Some(0));
+        let noisy = [View { others: 3_000, ours: 4_000, until: 0 }, View { others: 3_500, ours: 3_000, until: 0 }];
+        assert_eq!(users(&noisy, 0), Some(0));
         assert_eq!(users(&[], 6_000), None);
+    }
+
+    #[test]
+    fn the_views_combined_are_those_of_the_beat_most_pods_took_theirs_on() {
+        let on = |until| View { until, ..View::default() };
+        assert_eq!(beat(&[on(1_000), on(1_500), on(1_500)]), Some(1_500));
+        assert_eq!(beat(&[on(1_000), on(1_000), on(1_500)]), Some(1_000), "one pod ahead");
+        assert_eq!(beat(&[on(1_000), on(1_500)]), Some(1_500));
+        assert_eq!(beat(&[]), None);
     }
 
     #[test]

@@ -16,15 +16,17 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::remembered::LimitMemory;
 use super::upstream::{Upstream, Upstreams};
+use crate::clock;
 use crate::concurrency::PROBE_LINES;
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
 use crate::concurrency::gate::{Gate, Pressure};
-use crate::concurrency::governor::{Governor, Look};
+use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
 use crate::concurrency::headroom::{self, Headroom, Occupancy};
 use crate::concurrency::queue::QueueChoice;
 use crate::concurrency::signals;
 use crate::concurrency::staleness::{Sample, Stale, Staleness};
+use crate::concurrency::view::Presence;
 use crate::metrics::METRICS;
 use crate::storage::ObjectStore;
 use crate::telemetry::LogThrottle;
@@ -37,9 +39,6 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// their grants give them: one probe between them, where a probe each would be four
 /// lines at a server of four slots.
 pub const PROBE_TURN: Duration = Duration::from_secs(5);
-/// After overload cut the adaptive limit (429s, 503s, timeouts), the throughput rule
-/// governs a batch alone for this long, where the server's count would fill it.
-const OVERLOAD_RULES_FOR: Duration = Duration::from_secs(10);
 
 /// Runs every upstream's loop, forever. With `memory` (`serve`'s storage), an adaptive
 /// limit is kept there and resumed from by the next run ([`super::remembered`]).
@@ -73,8 +72,12 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
     let mut caps = LoadCaps::new(upstream);
     let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
     let mut last_limit = None;
-    let mut ticks = tokio::time::interval(TICK);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // On the wall clock's beat: worker pods that share a server read its signal at the
+    // same instants (`LoadCaps::read_when_due`), and their views of it agree.
+    let first = tokio::time::Instant::now() + clock::until_beat(clock::since_epoch(), TICK, Duration::ZERO);
+    let mut ticks = tokio::time::interval_at(first, TICK);
+    // A late tick skips those missed and keeps to the beat.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // Permits follow the target while the loop waits for the load signal.
     let looping = async {
         loop {
@@ -117,8 +120,9 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
 /// Whether the headroom's cap sets the batch's lines by itself, up to the ceiling: a batch
 /// alone at a server that says its places fills them, as the server counts, and the
 /// throughput rule's knee does not hold it below. Only the adaptive limit of `serve` is
-/// overruled (a worker pod keeps to its grant, and a fixed limit is the user's), and not
-/// for a while after overload cut it.
+/// overruled (a worker pod keeps to its grant, and a fixed limit is the user's: the
+/// controller overrules its own rule when every pod fills, `crate::k8s::granting`), and
+/// not for a while after overload cut it.
 fn fills(mode: Mode, upstream: &Upstream, caps: &LoadCaps, governor: &Governor, now: std::time::Instant) -> bool {
     mode == Mode::Local
         && upstream.adaptive
@@ -145,6 +149,8 @@ struct LoadCaps {
     probing: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
+    /// Whether a worker pod's users have gone, as its grant says.
+    users: Presence,
     staleness: Staleness,
     /// Readings ask for the signal's metrics by name ([`signals::read`]) until the server
     /// refuses the query.
@@ -169,6 +175,7 @@ impl LoadCaps {
             clear: true,
             probing: true,
             others: false,
+            users: Presence::default(),
             staleness: Staleness::default(),
             by_name: true,
             next_read: tokio::time::Instant::now(),
@@ -222,9 +229,11 @@ impl LoadCaps {
         if tokio::time::Instant::now() < self.next_read {
             return;
         }
-        // On the beat of `every`, not of when this tick came: a tick falls a hair before
-        // `now + every`, which would make every reading wait one more tick.
-        self.next_read = (self.next_read + signal.every).max(tokio::time::Instant::now());
+        // On the wall clock's beat of `every`, as the ticks are: processes that share the
+        // server read it at the same instants. (Not `now + every`: a tick falls a hair
+        // before that, which would make every reading wait one more tick.)
+        self.next_read =
+            tokio::time::Instant::now() + clock::until_beat(clock::since_epoch(), signal.every, Duration::ZERO);
         // The server counted this process's lines at some moment of the scrape: at most
         // those it had before, and those sent meanwhile. Counted after the scrape, a line
         // the server still had but whose answer came meanwhile would be taken for
@@ -238,9 +247,11 @@ impl LoadCaps {
         let part = share(mode, upstream);
         self.probing = probing(mode, upstream, std::time::SystemTime::now());
         self.choose_queue(upstream, now, filling);
+        let siblings_only = part < 1.0
+            && users(mode, upstream).is_some_and(|users| self.users.gone_for(now, users, headroom::RESERVE_OVER));
         self.room = runs
             .and_then(|Runs { running, waiting, kv_cache_usage, .. }| {
-                let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage };
+                let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage, siblings_only };
                 self.headroom.read(now, occupancy, part)
             })
             .map(|cap| headroom::take(cap, rand::random()));
@@ -258,7 +269,7 @@ impl LoadCaps {
         // its part of the room, and regrows in the time a lone process's does.
         let places = self.headroom.places().map(|places| places * part);
         let cap = self.gate.read(now, pressure, in_flight, limit, places);
-        self.note_ran(upstream, mode, runs.map(|runs| runs.running), ours, now);
+        self.note_ran(upstream, mode, runs, ours, now);
         self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),
@@ -280,16 +291,19 @@ impl LoadCaps {
         );
         self.clear = pressure == Pressure::Clear;
         self.held.set(i64::from(!self.clear));
+        if mode == Mode::Granted {
+            upstream.control.filling.store(self.alone_with_room(), Ordering::Relaxed);
+        }
     }
 
     /// What the server ran since the reading before, for the lines' own averages
     /// ([`delay`]); a gap of more than a second says nothing of it. And, in a worker pod,
-    /// what it ran besides the pod's lines, for its acknowledgment (`serve` has none).
-    fn note_ran(&mut self, upstream: &Upstream, mode: Mode, running: Option<f64>, ours: u32, now: std::time::Instant) {
-        match running {
-            Some(running) => {
+    /// what it held besides the pod's lines, for its acknowledgment (`serve` has none).
+    fn note_ran(&mut self, upstream: &Upstream, mode: Mode, runs: Option<Runs>, ours: u32, now: std::time::Instant) {
+        match runs {
+            Some(Runs { running, waiting, .. }) => {
                 if mode == Mode::Granted {
-                    upstream.observed.seen(running, ours);
+                    upstream.observed.seen(running + waiting, ours);
                 }
                 if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
                     && since <= Duration::from_secs(1)

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Ack, Grant};
+use super::{Ack, Grant, Observation};
 use crate::concurrency::view::{self, View};
 use crate::lifecycle::schedule::shares;
 
@@ -124,8 +124,10 @@ pub fn divide(
 /// The users' requests at `upstream` as the workers saw them together
 /// ([`view::users`]).
 fn seen_users(workers: &BTreeMap<String, Seen>, upstream: &str) -> Option<u64> {
-    let observed = workers.values().filter_map(|seen| seen.acked.as_ref()?.observed.get(upstream));
-    let (views, unseen): (Vec<_>, Vec<_>) = observed.partition(|observed| observed.view.is_some());
+    let observed: Vec<_> = workers.values().filter_map(|seen| seen.acked.as_ref()?.observed.get(upstream)).collect();
+    let beat = view::beat(&observed.iter().filter_map(|observed| observed.view).collect::<Vec<_>>());
+    let (views, unseen): (Vec<&Observation>, Vec<&Observation>) =
+        observed.into_iter().partition(|observed| observed.view.is_some_and(|view| Some(view.until) == beat));
     let views: Vec<View> = views.iter().filter_map(|observed| observed.view).collect();
     view::users(&views, unseen.iter().map(|observed| 1000 * u64::from(observed.in_flight)).sum())
 }
@@ -135,7 +137,6 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::grants::Observation;
 
     fn upstreams(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
         pairs.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect()
@@ -222,7 +223,7 @@ mod tests {
         let mut workers = fresh(&["a", "b", "c"]);
         // Two users at vllm: a and b see them, and each other's lines.
         let observed = |view: Option<View>, in_flight| Observation { view, in_flight, ..Observation::default() };
-        let saw = |others, ours| Some(View { others, ours });
+        let saw = |others, ours| Some(View { others, ours, until: 1_000 });
         let acked = |upstream: &str, observation| Ack {
             observed: [(upstream.to_owned(), observation)].into(),
             ..ack(&[], &["vllm", "tgi"])
@@ -242,6 +243,11 @@ mod tests {
         assert_eq!(divide(&limits, &workers, &BTreeMap::new()), next);
         workers.get_mut("b").unwrap().acked = Some(acked("vllm", observed(saw(3_000 + 3_000, 5_000), 5)));
         assert_eq!(divide(&limits, &workers, &BTreeMap::new())["a"].users.get("vllm"), Some(&2_500));
+        // b's view is of the beat before, when a's lines were others: its requests in
+        // flight stand for its lines.
+        let before = Some(View { others: 9_000, ours: 1_000, until: 500 });
+        workers.get_mut("b").unwrap().acked = Some(acked("vllm", observed(before, 5)));
+        assert_eq!(divide(&limits, &workers, &BTreeMap::new())["a"].users.get("vllm"), Some(&2_000));
     }
 
     #[test]

@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Ack, Observation, TokenUse, read_ack, read_grant, write_ack};
+use super::{Ack, BEAT, Observation, TokenUse, read_ack, read_grant, write_ack};
+use crate::clock;
 use crate::exec::ExecContext;
 use crate::exec::upstream::Upstreams;
 
-/// How often a worker looks at its grant.
-pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 /// How often a worker writes its acknowledgment even when nothing changed: two runs of
 /// one Job (a pod given up on, still running, and its replacement) share it, and the
 /// live one's must not stay overwritten by the other's.
@@ -29,11 +28,14 @@ pub struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Follows the grant forever (the caller stops it by dropping it).
+    /// Follows the grant forever, on the [`BEAT`] (the caller stops it by dropping it).
     pub async fn follow(&self) {
         let (store, upstreams, quota) = (self.exec.store.as_ref(), &self.exec.upstreams, &self.exec.quota);
         let mut last: Option<(Ack, tokio::time::Instant)> = None;
         loop {
+            // Before the grant is read, whose answer takes its own time: the view is of
+            // the beat's half second, as the other pods' are.
+            let observed = observed(upstreams, clock::nearest_beat(clock::since_epoch(), BEAT));
             match read_grant(store, self.worker).await {
                 Ok(grant) => {
                     let grant = grant.unwrap_or_default();
@@ -58,7 +60,7 @@ impl Run<'_> {
                             .iter()
                             .map(|u| (u.name.clone(), u.limiter.size().max(u.control.grant.load(Ordering::Relaxed))))
                             .collect(),
-                        observed: observed(upstreams),
+                        observed,
                         wants: upstreams.iter().filter(|u| u.limiter.take_wanted()).map(|u| u.name.clone()).collect(),
                         released: false,
                         run: self.run.clone(),
@@ -79,7 +81,7 @@ impl Run<'_> {
                 }
                 Err(error) => tracing::warn!(%error, "could not read the grant"),
             }
-            tokio::time::sleep(FOLLOW_EVERY).await;
+            tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, Duration::ZERO)).await;
         }
     }
 
@@ -87,6 +89,9 @@ impl Run<'_> {
     /// unless another run of the same Job is live and acknowledged last (this one was
     /// superseded by it): releasing would take that run's grant away.
     pub async fn release(&self) {
+        // On the next beat, as the others acknowledge: written now, it would replace this
+        // beat's acknowledgment before the controller combined its view with theirs.
+        tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, Duration::ZERO)).await;
         let store = self.exec.store.as_ref();
         if let Ok(Some(current)) = read_ack(store, self.worker).await
             && current.run != self.run
@@ -100,7 +105,7 @@ impl Run<'_> {
         // sums from them would be those lines ([`crate::concurrency::view::users`]).
         let ack = Ack {
             released: true,
-            observed: observed(&self.exec.upstreams),
+            observed: observed(&self.exec.upstreams, clock::nearest_beat(clock::since_epoch(), BEAT)),
             run: self.run.clone(),
             tokens: quota.is_granted().then(|| TokenUse {
                 base: self.base_tokens,
@@ -115,8 +120,9 @@ impl Run<'_> {
     }
 }
 
-/// What the worker saw of each upstream since its last acknowledgment.
-fn observed(upstreams: &Upstreams) -> BTreeMap<String, Observation> {
+/// What the worker saw of each upstream since its last acknowledgment, stamped with the
+/// beat `until`.
+fn observed(upstreams: &Upstreams, until: u64) -> BTreeMap<String, Observation> {
     upstreams
         .iter()
         .map(|u| {
@@ -124,7 +130,8 @@ fn observed(upstreams: &Upstreams) -> BTreeMap<String, Observation> {
                 counts: u.observed.counts(),
                 in_flight: u.limiter.in_flight(),
                 signal_stale: u.control.signal_stale.load(Ordering::Relaxed),
-                view: u.observed.take_view(),
+                filling: u.control.filling.load(Ordering::Relaxed),
+                view: u.observed.take_view(until),
             };
             (u.name.clone(), observation)
         })

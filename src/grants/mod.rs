@@ -40,9 +40,10 @@ pub struct Grant {
     /// (`crate::exec::permits`'s probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub turn: BTreeMap<String, u32>,
-    /// The users' requests each upstream the worker is granted runs, in thousandths, as
-    /// the workers that send to it saw them together (`crate::concurrency::view`): its
-    /// load signal counts the other workers' lines with theirs.
+    /// The users' requests each upstream the worker is granted holds (runs or queues),
+    /// in thousandths, as the workers that send to it saw them together
+    /// (`crate::concurrency::view`): its load signal counts the other workers' lines
+    /// with theirs.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub users: BTreeMap<String, u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +90,10 @@ pub struct Observation {
     /// Its load signal is set aside as stale (`crate::concurrency::staleness`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub signal_stale: bool,
+    /// Its load signal says the batch is alone at the server, its places known: its own
+    /// caps fill them (`crate::concurrency::control::Control::filling`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub filling: bool,
     /// What its load signal saw since its last acknowledgment, if it read one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<crate::concurrency::view::View>,
@@ -102,6 +107,11 @@ pub struct TokenUse {
     pub spent: u64,
     pub waiting: bool,
 }
+
+/// How often a worker pod acknowledges its grant, and the controller passes: on the wall
+/// clock's beat ([`crate::clock::until_beat`]), so that the pods' views of a server
+/// cover the same half second, and the controller reads them a little later.
+pub const BEAT: std::time::Duration = std::time::Duration::from_millis(500);
 
 const GRANTS: &str = "control/grants/";
 const ACKS: &str = "control/acks/";

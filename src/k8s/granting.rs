@@ -18,16 +18,21 @@ use super::crd::{BATCH_LABEL, BatchResource, PROJECT_LABEL, resource_name};
 use super::jobs::{is_running_worker, job_phase, job_shard};
 use super::stale_signals::{self, Warned};
 use crate::capacity::backlog::Report;
+use crate::clock;
 use crate::concurrency::Counts;
-use crate::concurrency::governor::{Governor, Look};
+use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
 use crate::drive::WorkerPhase;
 use crate::exec::ExecError;
 use crate::grants::divide::{Seen, divide};
 use crate::grants::tokens::{TokenRun, divide_tokens};
-use crate::grants::{self, Ack, Grant, TokenGrant, read_ack, read_grant, write_grant};
+use crate::grants::{self, Ack, BEAT, Grant, TokenGrant, read_ack, read_grant, write_grant};
 use crate::storage::ObjectStore;
 
-const EVERY: Duration = Duration::from_millis(500);
+/// A pass starts this long after the beat on which the pods took their views and
+/// acknowledged, so that its grants are written before the next beat, when the pods
+/// read them (passes took 0.26 s on average with four pods; half a beat after, users
+/// who came were told 1.3 s late, where they could have been 0.8 s).
+const PASS_AFTER: Duration = Duration::from_millis(150);
 /// How long a deleted Job's pod may still be sending (its grace period), when it did
 /// not say that it released its grant.
 const DELETED_GRACE: Duration = Duration::from_secs(60);
@@ -45,12 +50,12 @@ pub struct UpstreamLimit {
 /// whole installation, from what every worker reports in its acknowledgment.
 pub async fn divide_limits(ctx: Arc<Context>, batches: Store<BatchResource>, upstreams: Vec<UpstreamLimit>) {
     let store = ctx.exec.store.clone();
-    let mut workers = Workers { seen: recall(store.as_ref()).await, leaving: BTreeMap::new() };
+    let mut workers = Workers { seen: recall(store.as_ref()).await, leaving: BTreeMap::new(), gone: Vec::new() };
     let mut final_usage = HashMap::new();
     let mut adapting = Adapting::default();
     let mut warned = Warned::default();
     loop {
-        tokio::time::sleep(EVERY).await;
+        tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, PASS_AFTER)).await;
         let jobs = ctx.jobs.state();
         let running: Vec<Arc<Job>> = jobs.iter().filter(|job| is_running_worker(job)).cloned().collect();
         workers.observe(store.as_ref(), &jobs, &running).await;
@@ -127,7 +132,7 @@ impl Adapting {
                 limits.insert(upstream.name.clone(), upstream.ceiling);
                 continue;
             }
-            let mut in_flight = 0;
+            let (mut in_flight, mut reporting, mut filling) = (0, 0, 0);
             let total = self.totals.entry(upstream.name.clone()).or_default();
             for (worker, seen) in seen {
                 let Some(ack) = &seen.acked else { continue };
@@ -140,16 +145,29 @@ impl Adapting {
                 total.add(&new);
                 self.last.insert(key, (ack.run.clone(), observation.counts));
                 in_flight += observation.in_flight;
+                reporting += 1;
+                filling += usize::from(observation.filling);
             }
             let governor = self
                 .governors
                 .entry(upstream.name.clone())
                 .or_insert_with(|| Governor::with_late_counts(upstream.ceiling));
             // The pods read the load signal, not the controller; its rule, over late
-            // counts, does not leap from the start whatever `crowded` says.
-            let look =
-                Look { now, counts: *total, in_flight, ceiling: upstream.ceiling, crowded: false, overruled: false };
-            let limit = governor.look(look);
+            // counts, does not leap from the start whatever `crowded` says. While every
+            // pod says its batch is alone at the server with its places known, their
+            // caps fill those places between them and the rule stands aside, as in
+            // `serve` (`crate::exec::permits`). Judged, lines that fill a server add no
+            // throughput, and the rule cut four pods alone at 32 places from 32 to 13.
+            let overruled =
+                reporting > 0 && filling == reporting && !governor.backed_off_within(now, OVERLOAD_RULES_FOR);
+            let look = Look { now, counts: *total, in_flight, ceiling: upstream.ceiling, crowded: false, overruled };
+            let judged = governor.look(look);
+            let limit = if overruled {
+                governor.filled(in_flight, upstream.ceiling);
+                upstream.ceiling
+            } else {
+                judged
+            };
             crate::metrics::METRICS.concurrency_limit_of(&upstream.name).set(i64::from(limit));
             limits.insert(upstream.name.clone(), limit);
         }
@@ -162,19 +180,29 @@ struct Workers {
     seen: BTreeMap<String, Seen>,
     /// Workers no longer running, and since when (to let a deleted Job's pod stop).
     leaving: BTreeMap<String, Instant>,
+    /// Workers found gone at the last pass, forgotten at this one: their last views
+    /// count once more (`crate::concurrency::view::users`).
+    gone: Vec<String>,
 }
 
 impl Workers {
     /// Reads every worker's acknowledgment; forgets those that are gone: finished (their
-    /// pods ended), released, or deleted long enough ago. Until then, one that no longer
-    /// runs holds what it held and wants nothing more.
+    /// pods ended), released, or deleted long enough ago, at the pass after the one
+    /// that found them gone. Until then, one that no longer runs holds what it held and
+    /// wants nothing more.
     async fn observe(&mut self, store: &dyn ObjectStore, jobs: &[Arc<Job>], running: &[Arc<Job>]) {
+        for name in std::mem::take(&mut self.gone) {
+            self.seen.remove(&name);
+            self.leaving.remove(&name);
+            if let Err(error) = grants::remove(store, &name).await {
+                tracing::warn!(worker = %name, %error, "could not remove a finished worker's grant");
+            }
+        }
         let running: Vec<String> = running.iter().map(|job| job.name_any()).collect();
         for name in &running {
             self.seen.entry(name.clone()).or_default();
             self.leaving.remove(name);
         }
-        let mut gone = Vec::new();
         for (name, worker) in self.seen.iter_mut() {
             let ack = match read_ack(store, name).await {
                 Ok(ack) => ack,
@@ -190,17 +218,14 @@ impl Workers {
             let finished = jobs.iter().any(|job| job.name_any() == *name && job_phase(job) != WorkerPhase::Running);
             let since = *self.leaving.entry(name.clone()).or_insert_with(Instant::now);
             if finished || ack.as_ref().is_some_and(|a| a.released) || since.elapsed() > DELETED_GRACE {
-                gone.push(name.clone());
+                self.gone.push(name.clone());
             }
-            let holds = ack.map_or_else(|| worker.granted.upstreams.clone(), |a| a.upstreams);
-            worker.acked = Some(Ack { upstreams: holds, ..Ack::default() });
-        }
-        for name in gone {
-            self.seen.remove(&name);
-            self.leaving.remove(&name);
-            if let Err(error) = grants::remove(store, &name).await {
-                tracing::warn!(worker = %name, %error, "could not remove a finished worker's grant");
-            }
+            // What it saw last stays: a worker that released its grant as it exited says
+            // what its lines were until then, which the others' views still hold.
+            worker.acked = Some(match ack {
+                Some(Ack { upstreams, observed, run, .. }) => Ack { upstreams, observed, run, ..Ack::default() },
+                None => Ack { upstreams: worker.granted.upstreams.clone(), ..Ack::default() },
+            });
         }
     }
 
@@ -348,4 +373,41 @@ async fn recall(store: &dyn ObjectStore) -> BTreeMap<String, Seen> {
         }
     }
     seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grants::Observation;
+
+    /// Workers that each acknowledged `in_flight` lines at `vllm`, `filling` or not.
+    fn workers(filling: &[bool], in_flight: u32) -> BTreeMap<String, Seen> {
+        let seen = |filling: bool| {
+            let observation = Observation { in_flight, filling, ..Observation::default() };
+            let ack = Ack { observed: BTreeMap::from([("vllm".to_owned(), observation)]), ..Ack::default() };
+            Seen { granted: Grant::default(), acked: Some(ack) }
+        };
+        filling.iter().enumerate().map(|(n, filling)| (format!("worker-{n}"), seen(*filling))).collect()
+    }
+
+    #[test]
+    fn the_installations_limit_stands_aside_while_every_pod_fills_the_server() {
+        let upstreams = [UpstreamLimit { name: "vllm".to_owned(), ceiling: 1024, adaptive: true }];
+        let mut adapting = Adapting::default();
+        let start = adapting.limits(&upstreams, &workers(&[true, false], 4))["vllm"];
+        assert!(start < 1024, "one pod does not fill: the rule's start ({start})");
+        assert_eq!(adapting.limits(&upstreams, &workers(&[true, true], 4))["vllm"], 1024, "the pods' caps hold them");
+        assert_eq!(
+            adapting.limits(&upstreams, &workers(&[true, true, false], 4))["vllm"],
+            start,
+            "not judged meanwhile"
+        );
+        // The pods filled the server with 40 lines: the rule goes on from there when one
+        // of them stops filling, not from its start.
+        assert_eq!(adapting.limits(&upstreams, &workers(&[true, true], 20))["vllm"], 1024);
+        assert_eq!(adapting.limits(&upstreams, &workers(&[true, true, false], 4))["vllm"], 40);
+        assert_eq!(adapting.limits(&upstreams, &BTreeMap::new())["vllm"], 40, "nobody says");
+        let fixed = [UpstreamLimit { name: "vllm".to_owned(), ceiling: 64, adaptive: false }];
+        assert_eq!(adapting.limits(&fixed, &workers(&[true, true], 4))["vllm"], 64);
+    }
 }
