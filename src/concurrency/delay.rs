@@ -97,9 +97,10 @@ pub struct Look {
     /// siblings' lines, which come and go as theirs do. Neither, then.
     pub share: f64,
     /// The users' requests the server holds (runs, or queues: few do beside a paced
-    /// batch), as every process that sends it the batch's lines saw them together (a worker pod's grant says, a second late;
-    /// [`super::view`]). `None`: as this process sees them, which in `serve` is all of
-    /// them; a worker pod that has not been told yet holds nothing for them.
+    /// batch), as every process that sends it the batch's lines saw them together (a
+    /// worker pod's grant says, a second late; [`super::view`]). `None`: as this process
+    /// sees them, which in `serve` is all of them; a worker pod that has not been told
+    /// yet holds nothing for them.
     pub users: Option<f64>,
     /// This process keeps the probe's line now, whatever the caps
     /// ([`super::PROBE_LINES`]; worker pods in turns, `serve` always).

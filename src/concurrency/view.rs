@@ -83,7 +83,7 @@ pub fn beat(views: &[View]) -> Option<u64> {
     counts.into_iter().max_by_key(|(until, count)| (*count, *until)).map(|(until, _)| until)
 }
 
-/// A worker pod whose users ran fewer requests than this (as its grant says, or on
+/// A worker pod whose users held fewer requests than this (as its grant says, or on
 /// average over a sample of the delay's) is alone with its siblings, if it stays so…
 pub const USERS_LEAST: f64 = 0.5;
 /// … for this long: a dip is not a departure. At a server of a few slots users come and
@@ -98,19 +98,19 @@ pub const USERS_GONE: Duration = Duration::from_secs(2);
 /// Whether a worker pod's users have gone, over what it is told they run.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Presence {
-    /// The last time they ran at least [`USERS_LEAST`].
+    /// The last time they held at least [`USERS_LEAST`].
     seen: Option<Instant>,
 }
 
 impl Presence {
-    /// Takes in what the users ran at `now`; returns whether none ran [`USERS_LEAST`]
-    /// for [`USERS_GONE`] (or ever).
+    /// Takes in what the users held at `now`; returns whether they held less than
+    /// [`USERS_LEAST`] for [`USERS_GONE`] (or ever).
     pub fn gone(&mut self, now: Instant, users: f64) -> bool {
         self.gone_for(now, users, USERS_GONE)
     }
 
-    /// Takes in what the users ran at `now`; returns whether none ran [`USERS_LEAST`]
-    /// for `span` (or ever).
+    /// Takes in what the users held at `now`; returns whether they held less than
+    /// [`USERS_LEAST`] for `span` (or ever).
     pub fn gone_for(&mut self, now: Instant, users: f64, span: Duration) -> bool {
         if users >= USERS_LEAST {
             self.seen = Some(now);
