@@ -72,8 +72,9 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
     let mut caps = LoadCaps::new(upstream);
     let limit_gauge = METRICS.concurrency_limit_of(&upstream.name);
     let mut last_limit = None;
-    // On the wall clock's beat: worker pods that share a server read its signal at the
-    // same instants (`LoadCaps::read_when_due`), and their views of it agree.
+    // The first look at once (the limit is known from the start), the next on the wall
+    // clock's beat: worker pods that share a server read its signal at the same instants
+    // (`LoadCaps::read_when_due`), and their views of it agree.
     let first = tokio::time::Instant::now() + clock::until_beat(clock::since_epoch(), TICK, Duration::ZERO);
     let mut ticks = tokio::time::interval_at(first, TICK);
     // A late tick skips those missed and keeps to the beat.
@@ -81,7 +82,6 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
     // Permits follow the target while the loop waits for the load signal.
     let looping = async {
         loop {
-            ticks.tick().await;
             let now = std::time::Instant::now();
             let limit = match mode {
                 Mode::Granted => upstream.control.grant.load(Ordering::Relaxed),
@@ -109,6 +109,7 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
             };
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
+            ticks.tick().await;
         }
     };
     tokio::select! {
