@@ -35,7 +35,7 @@ impl Run<'_> {
         loop {
             // Before the grant is read, whose answer takes its own time: the view is of
             // the beat's half second, as the other pods' are.
-            let observed = observed(upstreams, clock::nearest_beat(clock::since_epoch(), BEAT));
+            let observed = observed(upstreams);
             match read_grant(store, self.worker).await {
                 Ok(grant) => {
                     let grant = grant.unwrap_or_default();
@@ -81,7 +81,7 @@ impl Run<'_> {
                 }
                 Err(error) => tracing::warn!(%error, "could not read the grant"),
             }
-            tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, Duration::ZERO)).await;
+            next_beat().await;
         }
     }
 
@@ -91,7 +91,7 @@ impl Run<'_> {
     pub async fn release(&self) {
         // On the next beat, as the others acknowledge: written now, it would replace this
         // beat's acknowledgment before the controller combined its view with theirs.
-        tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, Duration::ZERO)).await;
+        next_beat().await;
         let store = self.exec.store.as_ref();
         if let Ok(Some(current)) = read_ack(store, self.worker).await
             && current.run != self.run
@@ -105,7 +105,7 @@ impl Run<'_> {
         // sums from them would be those lines ([`crate::concurrency::view::users`]).
         let ack = Ack {
             released: true,
-            observed: observed(&self.exec.upstreams, clock::nearest_beat(clock::since_epoch(), BEAT)),
+            observed: observed(&self.exec.upstreams),
             run: self.run.clone(),
             tokens: quota.is_granted().then(|| TokenUse {
                 base: self.base_tokens,
@@ -120,9 +120,15 @@ impl Run<'_> {
     }
 }
 
+/// Waits for the next [`BEAT`] of the wall clock.
+async fn next_beat() {
+    tokio::time::sleep(clock::until_beat(clock::since_epoch(), BEAT, Duration::ZERO)).await;
+}
+
 /// What the worker saw of each upstream since its last acknowledgment, stamped with the
-/// beat `until`.
-fn observed(upstreams: &Upstreams, until: u64) -> BTreeMap<String, Observation> {
+/// beat nearest now (it is taken on one).
+fn observed(upstreams: &Upstreams) -> BTreeMap<String, Observation> {
+    let until = clock::nearest_beat(clock::since_epoch(), BEAT);
     upstreams
         .iter()
         .map(|u| {
