@@ -15,6 +15,10 @@
 //!   the share of the capacity they leave idle that the batch used.
 //! - `fair`: one project's 6,000-line batch, then another's 100-line batch: the small
 //!   one's completion time, first-come-first-served and with fair share.
+//! - `arrive`: users who come to a server that a batch had to itself, on the default
+//!   simulator and a CPU-like one: the places the batch held and the lines it queued
+//!   there alone, how many of the users who came waited in the server's queue (their
+//!   first 2 s, and the next 10 s), and the places the batch held beside them.
 //! - `simulator`: no benchmark; runs a simulator on `SIM_LISTEN` (default
 //!   127.0.0.1:8011) until stopped, to drive by hand (`SIM_MAX_BATCH`, `SIM_KV`,
 //!   `SIM_STEP_US`, `SIM_PER_SEQ_US`, `SIM_PRIORITY=1`).
@@ -41,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use interactive::{Interactive, Latencies, Pattern};
 use serde_json::Value;
-use simulator::{SimConfig, Simulator};
+use simulator::{SimConfig, SimStats, Simulator};
 
 const BIG: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
 const SMALL: &str = "3f6c1f4e-8b8f-4b59-9a55-0d6f1b8a2e11";
@@ -291,6 +295,75 @@ async fn users() {
     }
 }
 
+/// `arrive`: users who come to a server that a batch has had to itself. Alone, the batch
+/// fills the server's places and keeps a short queue of its lines there (a quarter of
+/// the places); users who come wait behind that queue until the next reading of the
+/// load signal makes room for them. Untuned with the load signal, on the default
+/// simulator and on one whose steps slow with every sequence (a CPU's).
+async fn arrive() {
+    println!("\n## Users who come to a server a batch had to itself (untuned + load signal)");
+    println!(
+        "| server | alone: places held | alone: lines queued | users who waited > 2 steps, first 2 s | their longest wait | the next 10 s | places held beside them |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let cpu_like = SimConfig {
+        max_batch: 32,
+        step_base: Duration::from_millis(20),
+        step_per_seq: Duration::from_millis(1),
+        ..SimConfig::default()
+    };
+    let servers = [
+        ("default (32 places; users 20/s, 64 tokens)", SimConfig::default(), (20.0, 64)),
+        ("CPU-like (32 places, 20 ms + 1 ms a sequence; users 10/s, 16 tokens)", cpu_like, (10.0, 16)),
+    ];
+    for (name, config, (per_sec, tokens)) in servers {
+        let two_steps = config.step(config.max_batch) * 2;
+        let sim = Simulator::start(config).await;
+        let extra = format!("    max_concurrency: 1024\n    load_signal:\n      url: {}\n", sim.metrics_url());
+        let serve = Serve::start(&upstream(&sim, &extra));
+        serve.submit(BIG, 20_000).await;
+        tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
+        let (filling, from) = (sim.stats(), Instant::now());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let arrival = sim.stats();
+        let alone_for = from.elapsed().as_secs_f64();
+        let users = Interactive::start(&sim.url, Pattern::Steady { per_sec }, tokens);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let first = sim.stats();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let then = sim.stats();
+        let latencies = users.stop().await;
+        drop(serve);
+        let held = |from: &SimStats, to: &SimStats| {
+            let decoded = |stats: &SimStats| stats.decoded.get(&BATCH_PRIORITY).copied().unwrap_or(0);
+            (decoded(to) - decoded(from)) as f64 / (to.steps - from.steps).max(1) as f64
+        };
+        // Little's law: the lines queued on average are the time they waited there, over
+        // the window.
+        let waits = |priority: i64, from: &SimStats, to: &SimStats| {
+            let of = |stats: &SimStats| stats.waited.get(&priority).map_or(0, Vec::len);
+            to.waited.get(&priority).map(|waits| waits[of(from)..of(to)].to_vec()).unwrap_or_default()
+        };
+        let queued =
+            waits(BATCH_PRIORITY, &filling, &arrival).iter().map(Duration::as_secs_f64).sum::<f64>() / alone_for;
+        let (came, after) = (waits(0, &arrival, &first), waits(0, &first, &then));
+        let waited = |waits: &[Duration]| waits.iter().filter(|wait| **wait > two_steps).count();
+        println!(
+            "| {name} | {:.1} | {queued:.1} | {} of {} | {:.0} ms | {} of {} | {:.1} |",
+            held(&filling, &arrival),
+            waited(&came),
+            came.len(),
+            came.iter().max().copied().unwrap_or_default().as_secs_f64() * 1e3,
+            waited(&after),
+            after.len(),
+            held(&first, &then),
+        );
+        if latencies.failed > 0 {
+            println!("  ({} users' requests failed)", latencies.failed);
+        }
+    }
+}
+
 /// Whether `BENCH_ONLY` (`only`) picks the run `name`: by a part of its name, or by all
 /// of it after `=`.
 fn selected(name: &str, only: &str) -> bool {
@@ -364,6 +437,9 @@ fn main() {
         }
         if wanted("fair") {
             fair().await;
+        }
+        if wanted("arrive") {
+            arrive().await;
         }
     });
 }

@@ -85,7 +85,8 @@ impl SimConfig {
         self.max_batch as f64 / self.step(self.max_batch).as_secs_f64()
     }
 
-    fn step(&self, running: usize) -> Duration {
+    /// A step's time with `running` sequences.
+    pub fn step(&self, running: usize) -> Duration {
         self.step_base + self.step_per_seq * running as u32
     }
 }
