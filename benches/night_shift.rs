@@ -306,15 +306,9 @@ async fn arrive() {
         "| server | alone: places held | alone: lines queued | users who waited > 2 steps, first 2 s | their longest wait | the next 10 s | places held beside them |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    let cpu_like = SimConfig {
-        max_batch: 32,
-        step_base: Duration::from_millis(20),
-        step_per_seq: Duration::from_millis(1),
-        ..SimConfig::default()
-    };
     let servers = [
         ("default (32 places; users 20/s, 64 tokens)", SimConfig::default(), (20.0, 64)),
-        ("CPU-like (32 places, 20 ms + 1 ms a sequence; users 10/s, 16 tokens)", cpu_like, (10.0, 16)),
+        ("CPU-like (32 places, 20 ms + 1 ms a sequence; users 10/s, 16 tokens)", SimConfig::cpu_like(), (10.0, 16)),
     ];
     for (name, config, (per_sec, tokens)) in servers {
         let two_steps = config.step(config.max_batch) * 2;

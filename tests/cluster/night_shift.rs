@@ -17,7 +17,7 @@ use common::simulator::{SimConfig, SimStats, Simulator};
 /// own: their grants say that no users are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_of_a_batch_alone_at_a_server_fill_its_places() {
-    let sim = Simulator::start(cpu_like()).await;
+    let sim = Simulator::start(SimConfig::cpu_like()).await;
     let operator = Operator::for_simulator(&sim, "    max_concurrency: 64\n", 200).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let batch = client.create(&client.upload(input(&ids("line", 800), "sim-a")).await).await;
@@ -41,7 +41,7 @@ async fn four_pods_of_a_batch_alone_at_a_server_fill_its_places() {
 /// there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_alone_make_room_for_users_who_come() {
-    let sim = Simulator::start(cpu_like()).await;
+    let sim = Simulator::start(SimConfig::cpu_like()).await;
     // Users' requests are priority 0, the batch's 1: the simulator counts them apart.
     let operator = Operator::for_simulator(&sim, "    max_concurrency: 1024\n    priority: 1\n", 5_000).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
@@ -124,7 +124,7 @@ async fn four_pods_of_a_batch_beside_users_leave_them_near_their_pace() {
 /// and a pod that took its siblings' lines for users' would let its room grow with theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_pods_beside_users_on_a_cpu_keep_the_room_of_one_batch() {
-    let sim = Simulator::start(cpu_like()).await;
+    let sim = Simulator::start(SimConfig::cpu_like()).await;
     let operator = Operator::for_simulator(&sim, "    max_concurrency: 1024\n    priority: 1\n", 1_000).await;
     let client = Client::new(&operator.api_url, common::PROJECT, common::KEY);
     let (_, beside) = four_pods_beside(&sim, &client, 4_000, (10.0, 16), Duration::from_millis(45)).await;
@@ -134,19 +134,6 @@ async fn four_pods_beside_users_on_a_cpu_keep_the_room_of_one_batch() {
     // that took their siblings' lines for users' held some 15 (1.79-1.95x, at 0.85).
     assert!(beside.held <= 8.0, "the pods hold one batch's room between them: {:.1} places", beside.held);
     assert!(beside.waited <= 0.1, "users find a place: {:.1}% of them waited", beside.waited * 100.0);
-}
-
-/// A server whose steps slow with every sequence, as a CPU's: 20 ms, and a millisecond
-/// more for each sequence (32 make a step 2.6 times as long as one, and still give 2.2
-/// times the tokens of 8), 16 tokens an answer.
-fn cpu_like() -> SimConfig {
-    SimConfig {
-        max_batch: 32,
-        step_base: Duration::from_millis(20),
-        step_per_seq: Duration::from_millis(1),
-        default_max_tokens: 16,
-        ..SimConfig::default()
-    }
 }
 
 /// What users saw beside four pods of a batch.
