@@ -18,6 +18,7 @@ use super::classify::{Step, classify};
 use super::echo::echo;
 use super::failure;
 use super::input::RequestLines;
+use super::limiter::Limiter;
 use super::records::{error_line, line_id, write_output_line};
 use super::{ExecContext, ExecError};
 use crate::batches::BatchSpec;
@@ -343,16 +344,17 @@ impl<'a> ShardRun<'a> {
         // hand their spare permits back instead of keeping them.
         let mut queued = None;
         let wants_permit = self.dispatching && !self.waiting_for_tokens;
+        let ctx = self.ctx;
         let permits = self.ready.as_ref().map(|ready| match ready.upstream {
             Some(position) => {
-                let limiter = &self.ctx.upstreams.get(position).limiter;
+                let limiter = &ctx.upstreams.get(position).limiter;
                 limiter.want();
                 if wants_permit {
                     queued = Some(limiter.queue());
                 }
-                limiter.semaphore().clone()
+                Permits::Upstream(limiter)
             }
-            None => self.ctx.echo_permits.clone(),
+            None => Permits::Echo(ctx.echo_permits.clone()),
         });
         let waiting = self.committing.is_none() && self.awaiting_since.is_some();
         let event = tokio::select! {
@@ -494,9 +496,17 @@ async fn sleep_until_option(at: Option<Instant>) {
     }
 }
 
-async fn acquire(permits: Option<Arc<tokio::sync::Semaphore>>) -> OwnedSemaphorePermit {
+/// Where a ready line takes its permit.
+enum Permits<'a> {
+    Upstream(&'a Limiter),
+    /// Lines answered in process (`echo`).
+    Echo(Arc<tokio::sync::Semaphore>),
+}
+
+async fn acquire(permits: Option<Permits<'_>>) -> OwnedSemaphorePermit {
     match permits {
-        Some(permits) => permits.acquire_owned().await.expect("upstream semaphores are never closed"),
+        Some(Permits::Upstream(limiter)) => limiter.acquire().await,
+        Some(Permits::Echo(permits)) => permits.acquire_owned().await.expect("echo's semaphore is never closed"),
         None => std::future::pending().await,
     }
 }
