@@ -2,7 +2,8 @@
 //! change at any moment: the controller's grant on Kubernetes, the adaptive limit, or
 //! none at all while interactive requests queue at the server (`crate::concurrency`).
 //! Setting a target never waits: [`Limiter::apply`], a task of its own, adds permits at
-//! once and takes them back as requests in flight finish.
+//! once and takes them back as requests in flight finish; no line gets one meanwhile
+//! ([`Limiter::acquire`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -31,7 +32,8 @@ impl Limiter {
         }
     }
 
-    pub fn semaphore(&self) -> &Arc<Semaphore> {
+    #[cfg(test)]
+    fn semaphore(&self) -> &Arc<Semaphore> {
         &self.semaphore
     }
 
@@ -110,7 +112,9 @@ impl Limiter {
             let size = self.size();
             if to > size {
                 self.semaphore.add_permits((to - size) as usize);
-                self.size.store(to, Ordering::Relaxed);
+                // Added, not set: a line may have retired one since `size` was read
+                // (under a lower target, since raised).
+                self.size.fetch_add(to - size, Ordering::Relaxed);
                 continue;
             }
             if to == size {
