@@ -19,6 +19,10 @@
 //!   simulator and a CPU-like one: the places the batch held and the lines it queued
 //!   there alone, how many of the users who came waited in the server's queue (their
 //!   first 2 s, and the next 10 s), and the places the batch held beside them.
+//!   `BENCH_TRACE=prefix` writes the simulator's trace ([`Simulator::trace`]) from 1 s
+//!   before the users come to the end, to `prefix-default.trace` and
+//!   `prefix-cpu-like.trace`; with `BENCH_LOG=nightshift::exec::permits=debug`, `serve`'s
+//!   readings and caps line up with it by time.
 //! - `simulator`: no benchmark; runs a simulator on `SIM_LISTEN` (default
 //!   127.0.0.1:8011) until stopped, to drive by hand (`SIM_MAX_BATCH`, `SIM_KV`,
 //!   `SIM_STEP_US`, `SIM_PER_SEQ_US`, `SIM_PRIORITY=1`).
@@ -318,7 +322,10 @@ async fn arrive() {
         serve.submit(BIG, 20_000).await;
         tokio::time::sleep(secs("BENCH_WARM_SECS", 15)).await;
         let (filling, from) = (sim.stats(), Instant::now());
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let tracing = std::env::var("BENCH_TRACE").ok();
+        sim.trace(tracing.is_some());
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let arrival = sim.stats();
         let alone_for = from.elapsed().as_secs_f64();
         let users = Interactive::start(&sim.url, Pattern::Steady { per_sec }, tokens);
@@ -328,6 +335,10 @@ async fn arrive() {
         let then = sim.stats();
         let latencies = users.stop().await;
         drop(serve);
+        if let Some(prefix) = tracing {
+            let path = format!("{prefix}-{}.trace", if name.starts_with("CPU") { "cpu-like" } else { "default" });
+            std::fs::write(&path, sim.trace(false).join("\n") + "\n").expect("write the trace");
+        }
         let held = |from: &SimStats, to: &SimStats| {
             let decoded = |stats: &SimStats| stats.decoded.get(&BATCH_PRIORITY).copied().unwrap_or(0);
             (decoded(to) - decoded(from)) as f64 / (to.steps - from.steps).max(1) as f64

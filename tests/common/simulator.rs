@@ -26,7 +26,7 @@
 //!
 //! Usage: `Simulator::start(SimConfig::default()).await` gives a server on 127.0.0.1;
 //! [`Simulator::stats`] counts what it generated, by the `priority` requests carried, and
-//! who read its `/metrics`.
+//! who read its `/metrics`; [`Simulator::trace`] records it step by step.
 //! `cargo bench --bench night_shift -- simulator` runs one on its own (see that file).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -152,6 +152,8 @@ struct Engine {
     stats: SimStats,
     /// The gauges `/metrics` shows, as of the last step.
     published: Gauges,
+    /// While [`Simulator::trace`] is on: a line for every step, arrival and admission.
+    trace: Option<Vec<String>>,
 }
 
 /// What the engine published after its last scheduling pass.
@@ -188,6 +190,10 @@ impl Engine {
     fn schedule(&mut self, config: &SimConfig) {
         self.admit(config);
         self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
+        if self.trace.is_some() {
+            let (running, waiting) = (by_priority(&self.running), by_priority(&self.waiting));
+            self.note(format_args!("step running {running} waiting {waiting}"));
+        }
     }
 
     /// Moves waiting requests into the batch while room and cache allow.
@@ -198,6 +204,8 @@ impl Engine {
                 let mut next = self.waiting.pop_front().expect("a front");
                 if let Some(queued) = next.queued.take() {
                     self.stats.waited.entry(next.priority).or_default().push(queued.elapsed());
+                    let waited = queued.elapsed().as_secs_f64() * 1e3;
+                    self.note(format_args!("admit priority {} waited {waited:.0} ms", next.priority));
                 }
                 self.running.push(next);
                 continue;
@@ -211,6 +219,15 @@ impl Engine {
                 }
                 _ => break,
             }
+        }
+    }
+
+    /// A line of the trace, if it is on, stamped with the seconds since the Unix epoch (to
+    /// line up with another process's log).
+    fn note(&mut self, event: std::fmt::Arguments) {
+        if let Some(trace) = &mut self.trace {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            trace.push(format!("{:.4} {event}", now.as_secs_f64()));
         }
     }
 
@@ -296,6 +313,17 @@ impl Simulator {
         self.shared.engine.lock().expect("engine").stats.clone()
     }
 
+    /// Starts recording the engine step by step (`on`), or stops; returns what was
+    /// recorded since it started. A line an event, stamped with the seconds since the
+    /// Unix epoch: `step running P:N… waiting P:N…` (requests by priority, as each step
+    /// begins), `arrive priority P`, `admit priority P waited MS ms`.
+    pub fn trace(&self, on: bool) -> Vec<String> {
+        let mut engine = self.shared.engine.lock().expect("engine");
+        let recorded = engine.trace.take().unwrap_or_default();
+        engine.trace = on.then(Vec::new);
+        recorded
+    }
+
     pub fn config(&self) -> &SimConfig {
         &self.shared.config
     }
@@ -305,6 +333,15 @@ impl Simulator {
         let engine = self.shared.engine.lock().expect("engine");
         (engine.running.len(), engine.waiting.len())
     }
+}
+
+/// `P:N` for each priority `P` of `sequences`, `N` of them.
+fn by_priority<'a>(sequences: impl IntoIterator<Item = &'a Sequence>) -> String {
+    let mut counts = BTreeMap::<i64, usize>::new();
+    for sequence in sequences {
+        *counts.entry(sequence.priority).or_default() += 1;
+    }
+    counts.iter().map(|(priority, n)| format!("{priority}:{n}")).collect::<Vec<_>>().join(" ")
 }
 
 /// The engine loop: steps while anything runs, at the pace of the step time.
@@ -360,7 +397,11 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         done,
     };
     let prompt = sequence.prompt;
-    shared.engine.lock().expect("engine").enqueue(&shared.config, sequence, false);
+    {
+        let mut engine = shared.engine.lock().expect("engine");
+        engine.note(format_args!("arrive priority {}", sequence.priority));
+        engine.enqueue(&shared.config, sequence, false);
+    }
     shared.arrived.notify_one();
     let Ok(generated) = finished.await else {
         return (StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response();
