@@ -311,10 +311,15 @@ async fn arrive() {
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let servers = [
-        ("default (32 places; users 20/s, 64 tokens)", SimConfig::default(), (20.0, 64)),
-        ("CPU-like (32 places, 20 ms + 1 ms a sequence; users 10/s, 16 tokens)", SimConfig::cpu_like(), (10.0, 16)),
+        ("default", "default (32 places; users 20/s, 64 tokens)", SimConfig::default(), (20.0, 64)),
+        (
+            "cpu-like",
+            "CPU-like (32 places, 20 ms + 1 ms a sequence; users 10/s, 16 tokens)",
+            SimConfig::cpu_like(),
+            (10.0, 16),
+        ),
     ];
-    for (name, config, (per_sec, tokens)) in servers {
+    for (short, name, config, (per_sec, tokens)) in servers {
         let two_steps = config.step(config.max_batch) * 2;
         let sim = Simulator::start(config).await;
         let extra = format!("    max_concurrency: 1024\n    load_signal:\n      url: {}\n", sim.metrics_url());
@@ -336,7 +341,7 @@ async fn arrive() {
         let latencies = users.stop().await;
         drop(serve);
         if let Some(prefix) = tracing {
-            let path = format!("{prefix}-{}.trace", if name.starts_with("CPU") { "cpu-like" } else { "default" });
+            let path = format!("{prefix}-{short}.trace");
             std::fs::write(&path, sim.trace(false).join("\n") + "\n").expect("write the trace");
         }
         let held = |from: &SimStats, to: &SimStats| {

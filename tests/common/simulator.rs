@@ -203,8 +203,9 @@ impl Engine {
             if self.running.len() < config.max_batch && fits {
                 let mut next = self.waiting.pop_front().expect("a front");
                 if let Some(queued) = next.queued.take() {
-                    self.stats.waited.entry(next.priority).or_default().push(queued.elapsed());
-                    let waited = queued.elapsed().as_secs_f64() * 1e3;
+                    let waited = queued.elapsed();
+                    self.stats.waited.entry(next.priority).or_default().push(waited);
+                    let waited = waited.as_secs_f64() * 1e3;
                     self.note(format_args!("admit priority {} waited {waited:.0} ms", next.priority));
                 }
                 self.running.push(next);
