@@ -257,8 +257,9 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
     let server = Server::start(kind).await;
     let users = users.map(|pattern| Interactive::start(&server.api(), pattern, USER_TOKENS));
     let warm = secs("FAMILY_WARM_SECS", 8);
-    // Enough lines that none runs out: a thousand lines a second at most, here.
-    let lines = ((warm + measure).as_secs() as usize * 1_000).clamp(2_000, 60_000);
+    // Enough lines that none runs out: a thousand lines a second at most, here; no more
+    // than an input file may hold (50,000).
+    let lines = ((warm + measure).as_secs() as usize * 1_000).clamp(2_000, 50_000);
     let serve = match batch {
         Some((batch, nightshift)) => Some(Serve::start(nightshift, &server, batch, lines).await),
         None => None,
