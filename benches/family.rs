@@ -247,8 +247,9 @@ struct Outcome {
     /// Users' p99 (s) and output tokens/s, if there were users.
     users: Option<(f64, f64)>,
     /// Sequences the server preempted over the whole run (simulators only: their work is
-    /// thrown away).
-    preempted: Option<u64>,
+    /// thrown away), and the batch's requests it dropped when they were taken back
+    /// (users never hang up).
+    preempted: Option<(u64, u64)>,
 }
 
 /// One run on a fresh `kind` server: users as `users` says, a batch as `batch` says
@@ -279,11 +280,12 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
         None => 0.0,
     };
     let elapsed = started.elapsed().as_secs_f64();
-    drop(serve);
+    // Before `serve` stops: its lines in flight then hang up too.
     let preempted = match &server {
-        Server::Sim(sim) => Some(sim.stats().preempted),
+        Server::Sim(sim) => Some((sim.stats().preempted, sim.stats().aborted)),
         Server::Engine(_) => None,
     };
+    drop(serve);
     let users = match users {
         Some(users) => {
             let latencies = users.stop().await;
@@ -534,9 +536,9 @@ async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64
     best
 }
 
-/// ", N preempted" where the server says.
+/// ", N preempted, M taken back" where the server says.
 fn preempted(outcome: &Outcome) -> String {
-    outcome.preempted.map_or_else(String::new, |n| format!(", {n} preempted"))
+    outcome.preempted.map_or_else(String::new, |(n, m)| format!(", {n} preempted, {m} taken back"))
 }
 
 fn verdict(met: bool) -> &'static str {

@@ -18,7 +18,8 @@
 //! - `arrive`: users who come to a server that a batch had to itself, on the default
 //!   simulator and a CPU-like one: the places the batch held and the lines it queued
 //!   there alone, how many of the users who came waited in the server's queue (their
-//!   first 2 s, and the next 10 s), and the places the batch held beside them.
+//!   first 2 s, and the next 10 s), the places the batch held beside them, and the
+//!   batch's lines the server dropped when they were taken back (its users' never hang up).
 //!   `BENCH_TRACE=prefix` writes the simulator's trace ([`Simulator::trace`]) from 1 s
 //!   before the users come to the end, to `prefix-default.trace` and
 //!   `prefix-cpu-like.trace`; with `BENCH_LOG=nightshift::exec::permits=debug`, `serve`'s
@@ -307,9 +308,9 @@ async fn users() {
 async fn arrive() {
     println!("\n## Users who come to a server a batch had to itself (untuned + load signal)");
     println!(
-        "| server | alone: places held | alone: lines queued | users who waited > 2 steps, first 2 s | their longest wait | the next 10 s | places held beside them |"
+        "| server | alone: places held | alone: lines queued | users who waited > 2 steps, first 2 s | their longest wait | the next 10 s | places held beside them | batch lines taken back |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let servers = [
         ("default", "default (32 places; users 20/s, 64 tokens)", SimConfig::default(), (20.0, 64)),
         (
@@ -359,7 +360,7 @@ async fn arrive() {
         let (came, after) = (waits(0, &arrival, &first), waits(0, &first, &then));
         let waited = |waits: &[Duration]| waits.iter().filter(|wait| **wait > two_steps).count();
         println!(
-            "| {name} | {:.1} | {queued:.1} | {} of {} | {:.0} ms | {} of {} | {:.1} |",
+            "| {name} | {:.1} | {queued:.1} | {} of {} | {:.0} ms | {} of {} | {:.1} | {} |",
             held(&filling, &arrival),
             waited(&came),
             came.len(),
@@ -367,6 +368,7 @@ async fn arrive() {
             waited(&after),
             after.len(),
             held(&first, &then),
+            then.aborted - arrival.aborted,
         );
         if latencies.failed > 0 {
             println!("  ({} users' requests failed)", latencies.failed);

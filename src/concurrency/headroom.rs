@@ -58,7 +58,7 @@ pub struct Occupancy {
 impl Occupancy {
     /// What the server holds besides this process's lines (never below 0: a request
     /// on the wire is ours before the server counts it).
-    fn others(&self) -> f64 {
+    pub(super) fn others(&self) -> f64 {
         (self.running + self.waiting - f64::from(self.ours)).max(0.0)
     }
 

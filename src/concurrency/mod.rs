@@ -13,6 +13,7 @@ pub mod line;
 pub mod presets;
 pub mod priority;
 pub mod queue;
+pub mod recall;
 pub mod rule;
 pub mod signals;
 pub mod staleness;

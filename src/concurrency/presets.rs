@@ -81,6 +81,16 @@ impl ServerKind {
         }
     }
 
+    /// Whether it drops a request whose client hung up, queued or running: vLLM aborts it
+    /// (its API server cancels a request's handler on the disconnect). llama-server, as
+    /// checked here, ran a queued request to its end after its client had gone, and the
+    /// others are not known to drop one. Only where the server drops them does a batch
+    /// take its queued lines back for users who come ([`super::recall`]): elsewhere a
+    /// line taken back would hold its place all the same, and run twice.
+    pub fn drops_hung_up(self) -> bool {
+        self == Self::Vllm
+    }
+
     /// Whether its running metric counts the waiting requests too.
     pub(super) fn running_counts_waiting(self) -> bool {
         self == Self::Dynamo

@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use super::backoff::{Backoff, parse_retry_after};
 use super::failure::{ATTEMPTS, Attempt, LineFailure, Verdict, bad_upstream_body, exhausted, judge};
 use super::reachability;
+use super::recalls::GOING_FOR;
 use super::upstream::Upstream;
 use crate::batches::Usage;
 use crate::concurrency::priority::with_priority;
@@ -77,28 +78,29 @@ pub(super) fn success(status: u16, request_id: Option<String>, bytes: &[u8]) -> 
 
 /// Sends `body` to `upstream`, with the batch's `priority` (else the upstream's),
 /// retrying 429s, 5xx, timeouts and connection errors up to [`ATTEMPTS`] attempts in
-/// all; counts what became of it for the adaptive limit.
+/// all; counts what became of it for the adaptive limit. `None`: the request was taken
+/// back from the server's queue ([`super::recalls`]), and the line is to be sent again.
 pub async fn call_upstream(
     client: &reqwest::Client,
     upstream: &Upstream,
     endpoint: &str,
     body: Bytes,
     priority: Option<i64>,
-) -> LineOutcome {
+) -> Option<LineOutcome> {
     let body = match priority.or(upstream.priority) {
         Some(priority) => with_priority(&body, priority),
         None => body,
     };
-    let outcome = attempts(client, upstream, endpoint, body).await;
+    let outcome = attempts(client, upstream, endpoint, body).await?;
     let tokens = match &outcome {
         LineOutcome::Success { usage, .. } => usage.output_tokens,
         LineOutcome::Failure(_) => 0,
     };
     upstream.observed.finished(tokens);
-    outcome
+    Some(outcome)
 }
 
-async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> LineOutcome {
+async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str, body: Bytes) -> Option<LineOutcome> {
     let url = upstream.url_for(endpoint);
     let mut last = Attempt::Transport("no attempt made".into());
     for attempt in 1..=ATTEMPTS {
@@ -106,7 +108,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
         if attempt > 1 {
             METRICS.upstream_retry(&upstream.name);
         }
-        let Sent { sent, started, load_at_send } = send(client, upstream, url, &body).await;
+        let Sent { sent, started, load_at_send } = send(client, upstream, url, &body).await?;
         match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
@@ -131,11 +133,11 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
                         if let LineOutcome::Success { usage, .. } = &outcome {
                             upstream.observed.answered(usage.output_tokens, started.elapsed(), load_at_send);
                         }
-                        return outcome;
+                        return Some(outcome);
                     }
                     Verdict::Fail(failure) => {
                         upstream.log_rejection(status, remote, &failure.message);
-                        return LineOutcome::Failure(failure);
+                        return Some(LineOutcome::Failure(failure));
                     }
                     Verdict::Retry => last = Attempt::Status { status, body: bytes.to_vec() },
                 }
@@ -149,7 +151,7 @@ async fn attempts(client: &reqwest::Client, upstream: &Upstream, endpoint: &str,
         }
         pause(upstream.backoff, attempt, retry_after).await;
     }
-    LineOutcome::Failure(exhausted(&last))
+    Some(LineOutcome::Failure(exhausted(&last)))
 }
 
 /// One attempt's request as sent, when it started and the upstream's load then.
@@ -161,15 +163,29 @@ struct Sent {
 
 /// One attempt: the request, sent again while its upstream refuses connections within
 /// its patience ([`Reachability`](super::reachability::Reachability)); only the last
-/// try's time is the upstream's latency.
-async fn send(client: &reqwest::Client, upstream: &Upstream, url: &reqwest::Url, body: &Bytes) -> Sent {
+/// try's time is the upstream's latency. `None`: taken back before an answer came; it
+/// hangs up at once, and counts as at the upstream for [`GOING_FOR`] more.
+async fn send(client: &reqwest::Client, upstream: &Upstream, url: &reqwest::Url, body: &Bytes) -> Option<Sent> {
     let mut refusals = 0;
     loop {
         let request = post(client, upstream, url.clone(), body.clone());
         let started = Instant::now();
         let load_at_send = upstream.observed.load();
         let at_upstream = upstream.observed.sending();
-        let sent = request.send().await;
+        let ticket = upstream.recalls.enter();
+        // The request is dropped (it hangs up) before the wait below, not after it.
+        let sent = tokio::select! {
+            biased;
+            sent = request.send() => Some(sent),
+            () = ticket.taken_back() => None,
+        };
+        drop(ticket);
+        let Some(sent) = sent else {
+            METRICS.line_taken_back(&upstream.name);
+            tokio::time::sleep(GOING_FOR).await;
+            drop(at_upstream);
+            return None;
+        };
         drop(at_upstream);
         let counts = match &sent {
             Err(error) if error.is_connect() && !error.is_timeout() => {
@@ -182,7 +198,7 @@ async fn send(client: &reqwest::Client, upstream: &Upstream, url: &reqwest::Url,
         };
         if counts {
             upstream.latency.observe(started.elapsed().as_secs_f64());
-            return Sent { sent, started, load_at_send };
+            return Some(Sent { sent, started, load_at_send });
         }
         refusals += 1;
         METRICS.upstream_refused(&upstream.name);

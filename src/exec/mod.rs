@@ -17,6 +17,7 @@ pub mod limiter;
 pub mod owner;
 pub mod permits;
 pub mod reachability;
+pub mod recalls;
 pub mod records;
 pub mod remembered;
 pub mod upstream;

@@ -24,6 +24,7 @@ use crate::concurrency::gate::{Gate, Pressure};
 use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
 use crate::concurrency::headroom::{self, Headroom, Occupancy};
 use crate::concurrency::queue::QueueChoice;
+use crate::concurrency::recall;
 use crate::concurrency::signals;
 use crate::concurrency::staleness::{Sample, Stale, Staleness};
 use crate::concurrency::view::Presence;
@@ -109,6 +110,7 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
             };
             limit_gauge.set(i64::from(target));
             limiter.set_target(target);
+            caps.take_back(upstream, target);
             ticks.tick().await;
         }
     };
@@ -116,6 +118,13 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
         () = limiter.apply() => {}
         () = looping => {}
     }
+}
+
+/// What a reading saw of the server, with this process's lines at it (`ours`) and in
+/// flight.
+fn occupancy(runs: Runs, ours: u32, in_flight: u32, siblings_only: bool) -> Occupancy {
+    let Runs { running, waiting, kv_cache_usage, .. } = runs;
+    Occupancy { running, waiting, ours, in_flight, kv_cache_usage, siblings_only }
 }
 
 /// Whether the headroom's cap sets the batch's lines by itself, up to the ceiling: a batch
@@ -150,6 +159,10 @@ struct LoadCaps {
     probing: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
+    /// What the reading of this look saw, until lines are taken back by it, and whether
+    /// it saw users come to a server the batch had to itself.
+    seen: Option<Occupancy>,
+    came: bool,
     /// Whether a worker pod's users have gone, as its grant says.
     users: Presence,
     staleness: Staleness,
@@ -176,6 +189,8 @@ impl LoadCaps {
             clear: true,
             probing: true,
             others: false,
+            seen: None,
+            came: false,
             users: Presence::default(),
             staleness: Staleness::default(),
             by_name: true,
@@ -250,12 +265,7 @@ impl LoadCaps {
         self.choose_queue(upstream, now, filling);
         let siblings_only = part < 1.0
             && users(mode, upstream).is_some_and(|users| self.users.gone_for(now, users, headroom::RESERVE_OVER));
-        self.room = runs
-            .and_then(|Runs { running, waiting, kv_cache_usage, .. }| {
-                let occupancy = Occupancy { running, waiting, ours, in_flight, kv_cache_usage, siblings_only };
-                self.headroom.read(now, occupancy, part)
-            })
-            .map(|cap| headroom::take(cap, rand::random()));
+        self.read_room(now, part, runs.map(|runs| occupancy(runs, ours, in_flight, siblings_only)));
         // Alone at the server, a queue there is the batch's own lines: the headroom holds
         // the batch to the places that queue showed, and the gate, which makes room for
         // users, has nobody to make room for (it would halve the batch for its own queue).
@@ -294,6 +304,29 @@ impl LoadCaps {
         self.held.set(i64::from(!self.clear));
         if mode == Mode::Granted {
             upstream.control.filling.store(self.alone_with_room(), Ordering::Relaxed);
+        }
+    }
+
+    /// The headroom's cap from what this reading saw, and whether it saw users come to a
+    /// server the batch had to itself.
+    fn read_room(&mut self, now: std::time::Instant, part: f64, seen: Option<Occupancy>) {
+        self.seen = seen;
+        let was_alone = self.headroom.alone();
+        self.room = self
+            .seen
+            .and_then(|occupancy| self.headroom.read(now, occupancy, part))
+            .map(|cap| headroom::take(cap, rand::random()));
+        self.came = was_alone && !self.headroom.alone();
+    }
+
+    /// Takes back the batch's youngest lines that the server queues beyond `target`, the
+    /// lines it may hold now, at the reading that saw its users come ([`recall`]).
+    fn take_back(&mut self, upstream: &Upstream, target: u32) {
+        let Some(occupancy) = self.seen.take() else { return };
+        let lines = recall::lines_to_take_back(&occupancy, target, std::mem::take(&mut self.came));
+        let taken = upstream.recalls.take_back(lines);
+        if taken > 0 {
+            tracing::debug!(upstream = %upstream.name, taken, ?occupancy, target, "took lines back from the server's queue");
         }
     }
 

@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 use super::backoff::Backoff;
 use super::limiter::Limiter;
 use super::reachability::Reachability;
+use super::recalls::Recalls;
 use crate::concurrency::Observed;
 use crate::concurrency::control::Control;
 use crate::concurrency::signals::LoadSignalConfig;
@@ -44,6 +45,10 @@ pub struct Upstream {
     pub control: Control,
     /// Since when it has refused connections, shared by its lines.
     pub reachability: Reachability,
+    /// Its requests in flight, to take the youngest back from its queue when its users
+    /// come (only with a load signal, which tells when, from a server that drops a
+    /// request whose client hung up).
+    pub recalls: Recalls,
     /// Lines it failed, logged with the address that answered at most every
     /// [`REJECTION_LOG_EVERY`].
     rejections: std::sync::Mutex<LogThrottle>,
@@ -129,6 +134,7 @@ impl Upstreams {
                 observed: Observed::default(),
                 control: Control::default(),
                 reachability: Reachability::default(),
+                recalls: Recalls::new(config.load_signal.as_ref().is_some_and(|signal| signal.server.drops_hung_up())),
                 rejections: std::sync::Mutex::new(LogThrottle::every(REJECTION_LOG_EVERY)),
             });
         }

@@ -63,8 +63,10 @@ type InFlight<'a> = Pin<Box<dyn Future<Output = Done> + Send + 'a>>;
 struct Done {
     index: u32,
     custom_id: String,
-    outcome: LineOutcome,
+    /// `None`: taken back from the server's queue, to be sent again.
+    outcome: Option<LineOutcome>,
     upstream: Option<usize>,
+    body: bytes::Bytes,
     permit: OwnedSemaphorePermit,
 }
 
@@ -125,6 +127,8 @@ struct ShardRun<'a> {
     input: NumberedLines,
     /// The next request to send, read ahead.
     ready: Option<Ready>,
+    /// Lines taken back from their server's queue, sent again before the next is read.
+    taken_back: Vec<Ready>,
     in_flight: FuturesUnordered<InFlight<'a>>,
     /// Lines are still sent: neither stopped nor expired.
     dispatching: bool,
@@ -185,6 +189,7 @@ impl<'a> ShardRun<'a> {
             writer,
             input,
             ready: None,
+            taken_back: Vec::new(),
             in_flight: FuturesUnordered::new(),
             dispatching: true,
             grace_ends: None,
@@ -261,6 +266,9 @@ impl<'a> ShardRun<'a> {
     /// Reads ahead to the next request that has no record yet, settling at once those
     /// that need no upstream.
     async fn read_ahead(&mut self) -> Result<(), ExecError> {
+        if self.dispatching && self.ready.is_none() {
+            self.ready = self.taken_back.pop();
+        }
         while self.dispatching && self.ready.is_none() && !full(&self.writer) {
             let Some((index, line)) = self.input.next().await? else { break };
             let recorded = self.ledger.recorded.get(index as usize).copied().unwrap_or(true);
@@ -328,7 +336,13 @@ impl<'a> ShardRun<'a> {
     fn answered(&mut self, done: Done) {
         // A line in flight no longer counts against the allowance: look again.
         self.waiting_for_tokens = false;
-        record(self.ctx, self.spec, self.shard, &mut self.writer, done.index, &done.custom_id, done.outcome);
+        let Some(outcome) = done.outcome else {
+            // Its permit goes back: the cap that took the line back has room for fewer.
+            let Done { index, custom_id, upstream, body, .. } = done;
+            self.taken_back.push(Ready { index, custom_id, upstream, body });
+            return;
+        };
+        record(self.ctx, self.spec, self.shard, &mut self.writer, done.index, &done.custom_id, outcome);
         self.awaiting.push((done.upstream, done.permit));
         if self.awaiting_since.is_none() {
             let now = Instant::now();
@@ -544,14 +558,15 @@ fn launch<'a>(
         }
     }
     in_flight.push(Box::pin(async move {
-        let outcome = match request.upstream {
+        let Ready { index, custom_id, upstream, body } = request;
+        let outcome = match upstream {
             Some(position) => {
                 let upstream = ctx.upstreams.get(position);
-                call_upstream(&ctx.client, upstream, &spec.endpoint, request.body, spec.priority).await
+                call_upstream(&ctx.client, upstream, &spec.endpoint, body.clone(), spec.priority).await
             }
-            None => echo(&spec.endpoint, &request.body),
+            None => Some(echo(&spec.endpoint, &body)),
         };
-        Done { index: request.index, custom_id: request.custom_id, outcome, upstream: request.upstream, permit }
+        Done { index, custom_id, outcome, upstream, body, permit }
     }));
     None
 }

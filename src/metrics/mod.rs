@@ -113,6 +113,8 @@ pub struct Metrics {
     pub concurrency_limit: Family<UpstreamLabel, Gauge>,
     /// 1 while batch dispatch to an upstream holds for its interactive traffic.
     pub dispatch_held: Family<UpstreamLabel, Gauge>,
+    /// Batch lines taken back from an upstream's queue when its users came.
+    pub lines_taken_back: Family<UpstreamLabel, Counter>,
     pub reconciles: Reconciles,
     /// What the unfinished batches need of each upstream (`crate::capacity`).
     backlog: capacity::Capacity,
@@ -167,18 +169,26 @@ fn register_attempts(
     )
 }
 
-/// The night shift's metrics per upstream: load-signal failures, the limit now, and
-/// whether dispatch holds.
+/// The night shift's metrics per upstream: load-signal failures, the limit now,
+/// whether dispatch holds, and the lines taken back for users.
+#[allow(clippy::type_complexity)]
 fn register_night_shift(
     r: &mut Registry,
-) -> (Family<SignalFailureLabels, Counter>, Family<UpstreamLabel, Gauge>, Family<UpstreamLabel, Gauge>) {
+) -> (
+    Family<SignalFailureLabels, Counter>,
+    Family<UpstreamLabel, Gauge>,
+    Family<UpstreamLabel, Gauge>,
+    Family<UpstreamLabel, Counter>,
+) {
     let failures = "Reads of an upstream's load signal that failed, timed out, made no sense or were set aside as stale (batches go on without it)";
     let limit = "Requests in flight an upstream is allowed now: the adaptive limit under max_concurrency (a worker pod: its grant), and the load signal's cap under that";
     let held = "1 while an upstream's load signal says requests queue at it: batch dispatch backs off";
+    let taken_back = "Batch lines taken back from an upstream's queue when its users came, to be sent again later";
     (
         registered(r, "load_signal_failures", failures, Family::default()),
         registered(r, "upstream_concurrency_limit", limit, Family::default()),
         registered(r, "upstream_dispatch_held", held, Family::default()),
+        registered(r, "lines_taken_back", taken_back, Family::default()),
     )
 }
 
@@ -213,7 +223,7 @@ impl Metrics {
         let webhook_deliveries = registered(r, "webhook_deliveries", deliveries, Family::default());
         let pending = "Webhook events not yet delivered to every endpoint, as of the last pass";
         let webhook_events_pending = registered(r, "webhook_events_pending", pending, Gauge::default());
-        let (load_signal_failures, concurrency_limit, dispatch_held) = register_night_shift(r);
+        let (load_signal_failures, concurrency_limit, dispatch_held, lines_taken_back) = register_night_shift(r);
         let reconciles = Reconciles::register(r);
         let backlog = capacity::Capacity::register(r);
         let build = "The running build: 1, labelled with its version";
@@ -237,6 +247,7 @@ impl Metrics {
             load_signal_failures,
             concurrency_limit,
             dispatch_held,
+            lines_taken_back,
             reconciles,
             backlog,
             completed_lines,
@@ -341,6 +352,10 @@ impl Metrics {
         self.upstream_refusals.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
     }
 
+    pub fn line_taken_back(&self, upstream: &str) {
+        self.lines_taken_back.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
+    }
+
     /// Sets the backlog's gauges from `report`, and keeps it for [`Metrics::backlog`].
     pub fn publish_backlog(&self, report: Report) {
         self.backlog.publish(report);
@@ -405,6 +420,7 @@ mod tests {
         metrics.upstream_attempt("local", Duration::from_millis(30));
         metrics.upstream_retry("local");
         metrics.upstream_refused("local");
+        metrics.line_taken_back("local");
         metrics.set_batches([Status::InProgress, Status::Completed, Status::Completed].into_iter(), 7);
         metrics.tokens_used("p1", 12);
         metrics.http_duration.get_or_create(&RouteLabels { method: "GET", route: "/v1/files".into() }).observe(0.002);
@@ -415,6 +431,7 @@ mod tests {
             "nightshift_upstream_request_duration_seconds_count{upstream=\"local\"} 1",
             "nightshift_upstream_retries_total{upstream=\"local\"} 1",
             "nightshift_upstream_refusals_total{upstream=\"local\"} 1",
+            "nightshift_lines_taken_back_total{upstream=\"local\"} 1",
             "nightshift_batches{status=\"completed\"} 2",
             "nightshift_batches{status=\"cancelled\"} 0",
             "nightshift_queue_depth 7",

@@ -125,6 +125,9 @@ pub struct SimStats {
     pub metrics_reads: BTreeMap<IpAddr, u64>,
     /// Σ over decoded tokens of their step's time (vLLM's inter-token latency).
     pub token_seconds: f64,
+    /// Requests dropped, waiting or running, because their client hung up (as vLLM
+    /// aborts them).
+    pub aborted: u64,
 }
 
 struct Sequence {
@@ -186,8 +189,17 @@ impl Engine {
         }
     }
 
-    /// Admits what fits, then publishes the gauges (what vLLM's scheduler stats say).
+    /// Drops the requests whose client hung up, admits what fits, then publishes the
+    /// gauges (what vLLM's scheduler stats say).
     fn schedule(&mut self, config: &SimConfig) {
+        let before = self.waiting.len() + self.running.len();
+        self.waiting.retain(|s| !s.done.is_closed());
+        self.running.retain(|s| !s.done.is_closed());
+        let aborted = before - self.waiting.len() - self.running.len();
+        if aborted > 0 {
+            self.stats.aborted += aborted as u64;
+            self.note(format_args!("aborted {aborted}"));
+        }
         self.admit(config);
         self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
         if self.trace.is_some() {

@@ -348,6 +348,45 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
     assert!(held >= 7.0, "the batch holds more than half of the 12 places users leave: {held}");
 }
 
+/// Users who come to a server the batch had to itself find the batch's own queue there
+/// (a quarter of its places, kept alone so that a place freed mid-step is filled at the
+/// next): the batch takes those lines back at the reading that sees the users (the
+/// server drops a request whose client hangs up, as vLLM does), and sends them again
+/// later. Nothing is taken back while the batch is alone, and every line is recorded
+/// once all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn users_who_come_get_the_places_of_the_batchs_queued_lines() {
+    let server = SimConfig {
+        max_batch: 16,
+        step_base: Duration::from_millis(1),
+        step_per_seq: Duration::from_micros(250),
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(server).await;
+    let dir = TempDir::new().unwrap();
+    let (serve, client) = untuned_at(&sim, &dir, 1024);
+    let lines = 4000;
+    let id = client.create(&client.upload(sim_input(lines, 16)).await).await["id"].as_str().unwrap().to_owned();
+    // Past the trial of its queue alone (some 12 s from when it fills the server), which
+    // keeps the queue at a server that a queue does not slow.
+    client.wait(&id, Duration::from_secs(90), |b| b["request_counts"]["completed"].as_u64() >= Some(3000)).await;
+    let before = sim.stats();
+    assert_eq!(before.aborted, 0, "alone, nothing is taken back");
+    let users = common::interactive::Interactive::closed(&sim.url, 4, 16);
+    let batch = client.wait_terminal(&id, Duration::from_secs(90)).await;
+    users.stop().await;
+    let taken_back = serve.metric("nightshift_lines_taken_back_total{upstream=\"sim\"}").await.unwrap_or(0.0);
+    let aborted = sim.stats().aborted - before.aborted;
+    eprintln!("[night shift] users came: {taken_back} batch lines taken back, {aborted} dropped by the server");
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let custom_ids: Vec<String> = (0..lines).map(|n| format!("r{n}")).collect();
+    let results = client.results(&batch, &custom_ids).await;
+    assert_eq!(results.errors.len(), 0, "{:?}", results.errors.values().next());
+    assert!(taken_back >= 1.0, "the batch's queued lines were taken back when the users came");
+    assert!(aborted >= 1, "and the server dropped them as their requests hung up");
+    assert!(aborted as f64 <= taken_back, "none but those: {aborted} dropped, {taken_back} taken back");
+}
+
 /// Users who fill the server on their own (a closed loop of as many users as it has
 /// places) hold a batch to one line at a time, a probe sent whenever a reading sees
 /// nothing queue: it goes on, slowly, and takes no more than that place. Held at none
