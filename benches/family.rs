@@ -1,7 +1,7 @@
 //! The night shift on a family of model servers (`just bench`): does the untuned batch
-//! (a high ceiling and the server's load signal, no number tuned) find each server's
-//! room, alone and beside its users, as well as the best fixed concurrency found in
-//! hindsight on that same server?
+//! (a high ceiling and nothing else: the server's load signal is found beside its API)
+//! find each server's room, alone and beside its users, as well as the best fixed
+//! concurrency found in hindsight on that same server?
 //!
 //! Members: simulated servers (`tests/common/simulator.rs`) of 16, 64 and 256 sequences,
 //! bound by sequences or by their KV cache, with a GPU-like step (nearly flat in the
@@ -142,40 +142,22 @@ impl Server {
             Self::Engine(engine) => format!("{}/v1", engine.url),
         }
     }
-
-    fn metrics(&self) -> String {
-        match self {
-            Self::Sim(sim) => sim.metrics_url(),
-            Self::Engine(engine) => format!("{}/metrics", engine.url),
-        }
-    }
-
-    /// The `load_signal.server` preset that reads its metrics.
-    fn preset(&self) -> &'static str {
-        match self {
-            Self::Sim(_) => "vllm",
-            Self::Engine { .. } => "llamacpp",
-        }
-    }
 }
 
 /// How the batch is run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Batch {
     Fixed(u32),
-    /// What a user sets who tunes nothing: a high ceiling and where the load signal is.
+    /// What a user sets who tunes nothing: a high ceiling. The load signal is found
+    /// beside the server's API (builds before 2026-11-30 read none unless told where).
     Untuned,
 }
 
 impl Batch {
-    fn upstream(self, server: &Server) -> String {
+    fn upstream(self) -> String {
         match self {
             Self::Fixed(n) => format!("    max_concurrency: {n}\n    adaptive: false\n"),
-            Self::Untuned => format!(
-                "    max_concurrency: 1024\n    load_signal:\n      server: {}\n      url: {}\n",
-                server.preset(),
-                server.metrics()
-            ),
+            Self::Untuned => "    max_concurrency: 1024\n".to_owned(),
         }
     }
 }
@@ -195,7 +177,7 @@ impl Serve {
         let yaml = format!(
             "projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\nupstreams:\n  - name: server\n    base_url: {}\n{}batches:\n  reconcile_interval: 100ms\n",
             server.api(),
-            batch.upstream(server)
+            batch.upstream()
         );
         std::fs::write(&config, yaml).unwrap();
         let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into());

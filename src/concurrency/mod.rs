@@ -6,6 +6,7 @@
 
 pub mod control;
 pub mod delay;
+pub mod discovery;
 pub mod gate;
 pub mod governor;
 pub mod headroom;

@@ -21,6 +21,9 @@ pub enum ServerKind {
 }
 
 impl ServerKind {
+    /// Every preset, in the order a metrics page is recognised by ([`super::discovery`]).
+    pub const ALL: [Self; 5] = [Self::Vllm, Self::Sglang, Self::Llamacpp, Self::Trtllm, Self::Dynamo];
+
     /// The metric of requests waiting; of several names, the first present counts.
     pub(super) fn waiting(self) -> &'static [&'static str] {
         match self {

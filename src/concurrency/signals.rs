@@ -12,7 +12,7 @@ use super::presets::ServerKind;
 use crate::duration;
 
 /// `upstreams[].load_signal`: where a server's metrics are and when it is busy.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoadSignalConfig {
     /// The server's Prometheus endpoint (`http://vllm:8000/metrics`).
@@ -56,6 +56,22 @@ fn default_max_kv_cache_usage() -> f64 {
 }
 
 impl LoadSignalConfig {
+    /// A server's signal at `url`, read with `server`'s names and every default: what a
+    /// signal found where none is configured is read as ([`super::discovery`]).
+    pub fn preset(url: String, server: ServerKind) -> Self {
+        Self {
+            url,
+            server,
+            every: default_every(),
+            max_waiting: 0.0,
+            max_kv_cache_usage: default_max_kv_cache_usage(),
+            waiting_metric: None,
+            kv_cache_metric: None,
+            running_metric: None,
+            token_time_metric: None,
+        }
+    }
+
     /// Out-of-range settings, as a config error.
     pub fn validate(&self, upstream: &str) -> Result<(), String> {
         let at = format!("upstream {upstream}: load_signal");
@@ -215,6 +231,11 @@ fn token_time(text: &str, config: &LoadSignalConfig) -> Option<TokenTime> {
         let sane = |value: f64| value.is_finite() && value >= 0.0;
         (sane(seconds) && sane(tokens)).then_some(TokenTime { seconds, tokens })
     })
+}
+
+/// Whether a page has a series of `name`.
+pub(super) fn has_series(text: &str, name: &str) -> bool {
+    values(text, name.into()).next().is_some()
 }
 
 /// The values of every series of `name` (`None`: no series).

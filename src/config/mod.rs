@@ -159,7 +159,7 @@ impl Config {
             if let Some(scale) = &upstream.scale {
                 scale.validate(&upstream.name)?;
             }
-            if let Some(signal) = &upstream.load_signal {
+            if let Some(signal) = upstream.load_signal.set() {
                 signal.validate(&upstream.name)?;
             }
         }
@@ -200,6 +200,25 @@ batches:
         assert_eq!(config.projects[0].quota.unwrap().tokens, 1_000_000);
         assert_eq!(config.batches.completion_window, Duration::from_secs(86_400));
         assert_eq!(config.upstreams[0].max_concurrency, 64);
+    }
+
+    #[test]
+    fn a_load_signal_is_looked_for_unless_set_or_turned_off() {
+        use crate::config::upstreams::LoadSignalSetting;
+        let setting = |line: &str| {
+            let yaml = format!("storage: {{dir: /tmp/x}}\nupstreams:\n  - name: u\n    base_url: http://u/v1\n{line}");
+            Config::from_yaml(&yaml).unwrap().upstreams.remove(0).load_signal
+        };
+        assert_eq!(setting(""), LoadSignalSetting::Discover);
+        assert_eq!(setting("    load_signal:\n"), LoadSignalSetting::Discover);
+        assert_eq!(setting("    load_signal: true\n"), LoadSignalSetting::Discover);
+        assert_eq!(setting("    load_signal: false\n"), LoadSignalSetting::Off);
+        let set = setting("    load_signal: {url: http://u/metrics, server: sglang}\n");
+        let set = set.set().expect("a signal set");
+        assert_eq!(
+            (set.url.as_str(), set.server),
+            ("http://u/metrics", crate::concurrency::presets::ServerKind::Sglang)
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::concurrency::signals::LoadSignalConfig;
 use crate::duration;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -24,7 +25,7 @@ pub struct UpstreamConfig {
     pub adaptive: bool,
     /// The server's metrics: batch dispatch holds while its interactive requests queue.
     #[serde(default)]
-    pub load_signal: Option<crate::concurrency::signals::LoadSignalConfig>,
+    pub load_signal: LoadSignalSetting,
     /// Set as `priority` on every batch line (vLLM's priority scheduling: interactive
     /// requests have 0 and go first when batch lines have more).
     #[serde(default)]
@@ -39,6 +40,53 @@ pub struct UpstreamConfig {
     /// (`crate::capacity::scale`).
     #[serde(default)]
     pub scale: Option<ScaleConfig>,
+}
+
+/// `upstreams[].load_signal`: the server's metrics, set; `false`, none; unset (or
+/// `true`), looked for at the server where the limit adapts
+/// ([`crate::concurrency::discovery`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum LoadSignalSetting {
+    #[default]
+    Discover,
+    Off,
+    Set(LoadSignalConfig),
+}
+
+impl LoadSignalSetting {
+    pub fn set(&self) -> Option<&LoadSignalConfig> {
+        match self {
+            Self::Set(signal) => Some(signal),
+            Self::Discover | Self::Off => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LoadSignalSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Setting;
+        impl<'de> serde::de::Visitor<'de> for Setting {
+            type Value = LoadSignalSetting;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the server's metrics ({url: ..., server: ...}), or false for none")
+            }
+
+            fn visit_bool<E>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(if on { LoadSignalSetting::Discover } else { LoadSignalSetting::Off })
+            }
+
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(LoadSignalSetting::Discover)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                LoadSignalConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(LoadSignalSetting::Set)
+            }
+        }
+        deserializer.deserialize_any(Setting)
+    }
 }
 
 /// `upstreams[].scale`: the Deployment or StatefulSet that serves an upstream, and the

@@ -20,6 +20,7 @@ use crate::clock;
 use crate::concurrency::PROBE_LINES;
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
+use crate::concurrency::discovery::{Discovery, Found};
 use crate::concurrency::gate::{Gate, Pressure};
 use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
 use crate::concurrency::headroom::{self, Headroom, Occupancy};
@@ -166,6 +167,8 @@ struct LoadCaps {
     /// Whether a worker pod's users have gone, as its grant says.
     users: Presence,
     staleness: Staleness,
+    /// Where the signal is looked for, where none is configured.
+    discovery: Option<Discovery>,
     /// Readings ask for the signal's metrics by name ([`signals::read`]) until the server
     /// refuses the query.
     by_name: bool,
@@ -193,6 +196,7 @@ impl LoadCaps {
             came: false,
             users: Presence::default(),
             staleness: Staleness::default(),
+            discovery: upstream.discovery.clone(),
             by_name: true,
             next_read: tokio::time::Instant::now(),
             warned: LogThrottle::every(WARN_EVERY),
@@ -241,7 +245,10 @@ impl LoadCaps {
         limit: u32,
         filling: bool,
     ) {
-        let Some(signal) = &upstream.load_signal else { return };
+        if upstream.load_signal().is_none() {
+            self.discover(upstream, client).await;
+        }
+        let Some(signal) = upstream.load_signal() else { return };
         if tokio::time::Instant::now() < self.next_read {
             return;
         }
@@ -304,6 +311,33 @@ impl LoadCaps {
         self.held.set(i64::from(!self.clear));
         if mode == Mode::Granted {
             upstream.control.filling.store(self.alone_with_room(), Ordering::Relaxed);
+        }
+    }
+
+    /// Looks for the upstream's signal at the server, where none is configured and a
+    /// look is due ([`crate::concurrency::discovery`]).
+    async fn discover(&mut self, upstream: &Upstream, client: &reqwest::Client) {
+        let Some(discovery) = self.discovery.as_mut().filter(|d| d.due(std::time::Instant::now())) else { return };
+        let first = discovery.first();
+        let found = discovery.look(client).await;
+        discovery.looked(std::time::Instant::now(), &found);
+        match found {
+            Found::Signal(signal) => {
+                tracing::info!(
+                    upstream = %upstream.name, url = %signal.url, server = ?signal.server,
+                    "found the server's load signal: batches make way for its users by it"
+                );
+                upstream.signal_found(signal);
+            }
+            // Said once; the looks again every 10 minutes are not.
+            Found::Nothing if first => tracing::info!(
+                upstream = %upstream.name,
+                "no load signal of a known server beside its API (set upstreams[].load_signal): the throughput rule alone governs"
+            ),
+            Found::Nothing => {}
+            Found::Unanswered => {
+                tracing::debug!(upstream = %upstream.name, "the server did not answer a look for its load signal")
+            }
         }
     }
 

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,7 @@ pub const GOING_FOR: Duration = Duration::from_millis(250);
 
 #[derive(Default)]
 pub struct Recalls {
-    enabled: bool,
+    enabled: AtomicBool,
     next: AtomicU64,
     in_flight: Mutex<BTreeMap<u64, CancellationToken>>,
 }
@@ -36,12 +36,18 @@ impl Recalls {
     /// Requests may be taken back (`enabled`: the upstream's load signal tells when, and
     /// its server drops them) or not.
     pub fn new(enabled: bool) -> Self {
-        Self { enabled, ..Self::default() }
+        Self { enabled: AtomicBool::new(enabled), ..Self::default() }
+    }
+
+    /// Requests may be taken back from now on: a load signal was found at a server that
+    /// drops them.
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
     }
 
     /// Enters a request sent now, the youngest.
     pub fn enter(&self) -> Ticket<'_> {
-        let entry = self.enabled.then(|| {
+        let entry = self.enabled.load(Ordering::Relaxed).then(|| {
             let seq = self.next.fetch_add(1, Ordering::Relaxed);
             let token = CancellationToken::new();
             self.lock().insert(seq, token.clone());

@@ -2,7 +2,7 @@
 //! requests in flight. The permits are shared by every shard in the process; in a
 //! Kubernetes worker they are the pod's share of the installation's limit.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -13,8 +13,10 @@ use super::reachability::Reachability;
 use super::recalls::Recalls;
 use crate::concurrency::Observed;
 use crate::concurrency::control::Control;
+use crate::concurrency::discovery::Discovery;
 use crate::concurrency::signals::LoadSignalConfig;
 use crate::config::UpstreamConfig;
+use crate::config::upstreams::LoadSignalSetting;
 pub use crate::config::upstreams::{ECHO_MODEL, Route};
 use crate::telemetry::LogThrottle;
 use crate::validate::BATCHABLE_URLS;
@@ -36,7 +38,11 @@ pub struct Upstream {
     pub latency: prometheus_client::metrics::histogram::Histogram,
     /// Whether the limit adapts under `max_concurrency` (`crate::concurrency`).
     pub adaptive: bool,
-    pub load_signal: Option<LoadSignalConfig>,
+    /// Its load signal as configured, or as found at the server ([`Self::load_signal`]).
+    configured_signal: Option<LoadSignalConfig>,
+    found_signal: OnceLock<LoadSignalConfig>,
+    /// Where its signal is looked for: where none is configured and the limit adapts.
+    pub discovery: Option<Discovery>,
     /// The `priority` set on its batch lines.
     pub priority: Option<i64>,
     /// Its finished requests, for the adaptive limit.
@@ -55,6 +61,20 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// Its load signal: as configured, or as found at the server.
+    pub fn load_signal(&self) -> Option<&LoadSignalConfig> {
+        self.configured_signal.as_ref().or_else(|| self.found_signal.get())
+    }
+
+    /// The signal found at the server, read from now on (where its server drops a
+    /// request whose client hung up, the batch's queued lines may be taken back too).
+    pub fn signal_found(&self, signal: LoadSignalConfig) {
+        if signal.server.drops_hung_up() {
+            self.recalls.enable();
+        }
+        let _ = self.found_signal.set(signal);
+    }
+
     /// Where a line of a batch for `endpoint` (`/v1/embeddings`) goes: the same path
     /// under the upstream's base URL.
     pub fn url_for(&self, endpoint: &str) -> &reqwest::Url {
@@ -129,12 +149,15 @@ impl Upstreams {
                 backoff: Backoff { base: config.retry_base_delay, ..Backoff::default() },
                 latency: crate::metrics::METRICS.upstream_latency_of(&config.name),
                 adaptive: config.adaptive,
-                load_signal: config.load_signal.clone(),
+                configured_signal: config.load_signal.set().cloned(),
+                found_signal: OnceLock::new(),
+                discovery: (config.adaptive && config.load_signal == LoadSignalSetting::Discover)
+                    .then(|| Discovery::new(&config.base_url)),
                 priority: config.priority,
                 observed: Observed::default(),
                 control: Control::default(),
                 reachability: Reachability::default(),
-                recalls: Recalls::new(config.load_signal.as_ref().is_some_and(|signal| signal.server.drops_hung_up())),
+                recalls: Recalls::new(config.load_signal.set().is_some_and(|signal| signal.server.drops_hung_up())),
                 rejections: std::sync::Mutex::new(LogThrottle::every(REJECTION_LOG_EVERY)),
             });
         }

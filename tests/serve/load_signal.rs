@@ -210,6 +210,9 @@ fn load_signal_thresholds_weights_and_scheduling_out_of_range_are_refused_at_sta
         (upstream("{url: http://vllm:8000/metrics, every: 1ms}"), "every must be between 50ms and 10s"),
         (upstream("{url: \"vllm:8000\"}"), "not an http(s) URL"),
         (upstream("{url: http://vllm:8000/metrics, server: tgi}"), "unknown variant"),
+        (upstream("{server: vllm}"), "missing field `url`"),
+        (upstream("vllm"), "or false for none"),
+        (upstream("3"), "or false for none"),
         (
             format!(
                 "storage: {{dir: /tmp/x}}\nprojects:\n  - id: {PROJECT}\n    api_keys: [{{plain: k}}]\n    weight: 0\n"

@@ -79,9 +79,10 @@ async fn the_simulator_batches_queues_and_reports_in_vllms_names() {
     assert!(mean >= step.as_secs_f64() * 0.99, "{mean} s a token against a step of {step:?}");
 }
 
-/// With a ceiling of 512 and nothing else set, a batch does not flood a server that
-/// decodes 8 sequences at a time: the limit stays near 8 and the queue short. The same
-/// batch at a fixed 512 queues hundreds of lines at the server.
+/// With a ceiling of 512 and no load signal (`false`: none is looked for), a batch does
+/// not flood a server that decodes 8 sequences at a time: the throughput rule alone keeps
+/// the limit near 8 and the queue short. The same batch at a fixed 512 queues hundreds of
+/// lines at the server.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() {
     let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
@@ -90,7 +91,7 @@ async fn an_untuned_batch_finds_the_servers_batch_size_instead_of_flooding_it() 
         let sim = Simulator::start(server.clone()).await;
         let dir = TempDir::new().unwrap();
         let upstream = format!(
-            "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 512\n    adaptive: {adaptive}\nbatches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
+            "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 512\n    adaptive: {adaptive}\n    load_signal: false\nbatches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
             sim.url
         );
         let (serve, client) = Serve::for_project(dir.path(), &upstream);
@@ -203,6 +204,7 @@ async fn a_batch_alone_at_a_server_that_a_queue_slows_keeps_none_there() {
 /// The adaptive limit a run of `serve` settles on is kept in its storage, and the next run
 /// starts from it instead of doubling up from 8 again (a batch of a few thousand lines
 /// would spend its life climbing).
+/// (The throughput rule's limit: no load signal, whose headroom would fill the server.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
     let sim =
@@ -210,7 +212,7 @@ async fn a_restarted_serve_resumes_from_the_limit_its_last_run_found() {
             .await;
     let dir = TempDir::new().unwrap();
     let upstream = format!(
-        "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 256\nbatches:\n  reconcile_interval: 100ms\n",
+        "upstreams:\n  - name: sim\n    base_url: {}\n    max_concurrency: 256\n    load_signal: false\nbatches:\n  reconcile_interval: 100ms\n",
         sim.url
     );
     let series = "nightshift_upstream_concurrency_limit{upstream=\"sim\"}";
@@ -395,10 +397,25 @@ async fn users_who_come_get_the_places_of_the_batchs_queued_lines() {
 async fn a_batch_beside_users_who_fill_the_server_goes_on_a_line_at_a_time() {
     let server = SimConfig { max_batch: 4, step_base: Duration::from_millis(2), ..SimConfig::default() };
     // What the first lines taught it (places, the users' level) settles in a few seconds.
-    let (finished, held) = beside_closed_loop_users(server, 4, Duration::from_secs(5)).await;
+    let (finished, held) = beside_closed_loop_users(server, 4, Duration::from_secs(5), Signal::Set).await;
     eprintln!("[night shift] beside users who fill the server: {finished} batch lines in 10 s, {held:.2} of 4 places");
     assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
     assert!(held <= 1.5, "a line at a time: the batch held {held:.2} of 4 places");
+}
+
+/// Where no load signal is configured, the batch finds the server's beside its API (the
+/// simulator's `/metrics`, in vLLM's names) and makes way for its users by it, as
+/// above. With `load_signal: false` it looks for none, and the throughput rule alone
+/// takes places the users would have had.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_untuned_batch_finds_the_servers_load_signal_and_makes_way_for_its_users() {
+    let server = SimConfig { max_batch: 4, step_base: Duration::from_millis(2), ..SimConfig::default() };
+    let (finished, found) = beside_closed_loop_users(server.clone(), 4, Duration::from_secs(5), Signal::Found).await;
+    let (_, off) = beside_closed_loop_users(server, 4, Duration::from_secs(5), Signal::Off).await;
+    eprintln!("[night shift] beside users who fill the server, of 4 places: found {found:.2}, none {off:.2}");
+    assert!(finished >= 20, "the batch goes on: {finished} lines in 10 s");
+    assert!(found <= 1.0, "its signal found, a line at a time: the batch held {found:.2} of 4 places");
+    assert!(off >= 1.5, "no signal: the throughput rule alone holds more ({off:.2} of 4 places)");
 }
 
 /// On a server whose every step slows by as much again with each sequence it runs (a
@@ -415,7 +432,7 @@ async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_
         ..SimConfig::default()
     };
     // The fit needs a few samples that spread: the batch's start gives them.
-    let (finished, held) = beside_closed_loop_users(server, 3, Duration::from_secs(8)).await;
+    let (finished, held) = beside_closed_loop_users(server, 3, Duration::from_secs(8), Signal::Set).await;
     eprintln!(
         "[night shift] beside users on slowing steps: {finished} batch lines in 10 s, {held:.2} sequences a step"
     );
@@ -425,17 +442,32 @@ async fn a_batch_beside_users_on_steps_that_slow_with_every_sequence_keeps_to_a_
     assert!(held <= 1.6, "about a line: the batch held {held:.2} sequences a step");
 }
 
-/// A batch (untuned, with the load signal) beside a closed loop of `users` on `server`:
-/// after `settle`, the batch lines it finishes in 10 s and the sequences it holds in an
-/// average step.
-async fn beside_closed_loop_users(server: SimConfig, users: usize, settle: Duration) -> (u64, f64) {
+/// How a batch's `serve` comes to its server's load signal.
+#[derive(Clone, Copy)]
+enum Signal {
+    /// Set in the configuration.
+    Set,
+    /// Not set: found beside the server's API.
+    Found,
+    /// `false`: none.
+    Off,
+}
+
+/// A batch (untuned, its load signal as `signal` says) beside a closed loop of `users` on
+/// `server`: after `settle`, the batch lines it finishes in 10 s and the sequences it
+/// holds in an average step.
+async fn beside_closed_loop_users(server: SimConfig, users: usize, settle: Duration, signal: Signal) -> (u64, f64) {
     let sim = Simulator::start(server).await;
     let users = common::interactive::Interactive::closed(&sim.url, users, 16);
     let dir = TempDir::new().unwrap();
+    let signal = match signal {
+        Signal::Set => format!("{{url: \"{}\", every: 50ms}}", sim.metrics_url()),
+        Signal::Found => "true".to_owned(),
+        Signal::Off => "false".to_owned(),
+    };
     let config = format!(
-        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {{url: \"{}\", every: 50ms}}\nbatches:\n  reconcile_interval: 100ms\n",
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {signal}\nbatches:\n  reconcile_interval: 100ms\n",
         sim.url,
-        sim.metrics_url()
     );
     let (_serve, client) = Serve::for_project(dir.path(), &config);
     let id = client.create(&client.upload(sim_input(2000, 8)).await).await["id"].as_str().unwrap().to_owned();
