@@ -24,6 +24,17 @@ impl ServerKind {
     /// Every preset, in the order a metrics page is recognised by ([`super::discovery`]).
     pub const ALL: [Self; 5] = [Self::Vllm, Self::Sglang, Self::Llamacpp, Self::Trtllm, Self::Dynamo];
 
+    /// Its name in the configuration (`server: vllm`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Llamacpp => "llamacpp",
+            Self::Trtllm => "trtllm",
+            Self::Dynamo => "dynamo",
+        }
+    }
+
     /// The metric of requests waiting; of several names, the first present counts.
     pub(super) fn waiting(self) -> &'static [&'static str] {
         match self {

@@ -181,6 +181,9 @@ struct LoadCaps {
 
 impl LoadCaps {
     fn new(upstream: &Upstream) -> Self {
+        if let Some(signal) = upstream.load_signal() {
+            METRICS.load_signal_read(&upstream.name, signal.server.name(), "configured");
+        }
         Self {
             gate: Gate::default(),
             headroom: Headroom::default(),
@@ -327,6 +330,7 @@ impl LoadCaps {
                     upstream = %upstream.name, url = %signal.url, server = ?signal.server,
                     "found the server's load signal: batches make way for its users by it"
                 );
+                METRICS.load_signal_read(&upstream.name, signal.server.name(), "found");
                 upstream.signal_found(signal);
             }
             // Said once; the looks again every 10 minutes are not.

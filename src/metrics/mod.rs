@@ -48,6 +48,15 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub upstream: String,
+    /// The preset it is read with (`vllm`, `sglang`, `llamacpp`, `trtllm`, `dynamo`).
+    pub server: &'static str,
+    /// `configured`, or `found` beside the server's API.
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalFailureLabels {
     pub upstream: String,
     /// `unreachable`, `invalid` or `stale`: a closed set.
@@ -107,6 +116,9 @@ pub struct Metrics {
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     pub webhook_events_pending: Gauge,
     pub superseded_runs: Counter,
+    /// 1 for each upstream whose load signal is read, with its preset and whether it was
+    /// configured or found.
+    pub load_signal_info: Family<SignalLabels, Gauge>,
     /// Load-signal reads that failed, per upstream (batches went on without them).
     pub load_signal_failures: Family<SignalFailureLabels, Counter>,
     /// The requests in flight an upstream is allowed now (adaptive, under the ceiling).
@@ -224,6 +236,8 @@ impl Metrics {
         let pending = "Webhook events not yet delivered to every endpoint, as of the last pass";
         let webhook_events_pending = registered(r, "webhook_events_pending", pending, Gauge::default());
         let (load_signal_failures, concurrency_limit, dispatch_held, lines_taken_back) = register_night_shift(r);
+        let read = "1 for each upstream whose load signal is read: the preset it is read with, and whether it was configured or found beside the server's API";
+        let load_signal_info = registered(r, "load_signal_info", read, Family::default());
         let reconciles = Reconciles::register(r);
         let backlog = capacity::Capacity::register(r);
         let build = "The running build: 1, labelled with its version";
@@ -244,6 +258,7 @@ impl Metrics {
             webhook_deliveries,
             webhook_events_pending,
             superseded_runs,
+            load_signal_info,
             load_signal_failures,
             concurrency_limit,
             dispatch_held,
@@ -332,6 +347,12 @@ impl Metrics {
 
     /// Failed or set-aside readings of an upstream's load signal, by `reason`
     /// (`unreachable`, `invalid`, `stale`).
+    /// Says that `upstream`'s load signal is read with `server`'s preset, from `source`.
+    pub fn load_signal_read(&self, upstream: &str, server: &'static str, source: &'static str) {
+        let labels = SignalLabels { upstream: upstream.to_owned(), server, source };
+        self.load_signal_info.get_or_create(&labels).set(1);
+    }
+
     pub fn load_signal_failures_of(&self, upstream: &str, reason: &'static str) -> Counter {
         self.load_signal_failures.get_or_create(&SignalFailureLabels { upstream: upstream.to_owned(), reason }).clone()
     }

@@ -156,8 +156,9 @@ async fn a_restarted_serve_keeps_its_dev_project_and_files() {
 }
 
 /// The SDK's batch through `serve` to a real model server, llama.cpp's llama-server, with
-/// its load signal read through the `llamacpp` preset: every line answered once, the
-/// batch's usage the sum of the engine's own counts.
+/// its load signal found beside its API (none configured) and read through the
+/// `llamacpp` preset: every line answered once, the batch's usage the sum of the engine's
+/// own counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_batch_runs_on_a_real_engine_and_sums_its_usage() {
     let engine = common::engine::LlamaServer::start("tiny", 4).await;
@@ -165,8 +166,7 @@ async fn the_sdks_batch_runs_on_a_real_engine_and_sums_its_usage() {
     let config = common::write_config(
         data.path(),
         &format!(
-            "upstreams:\n  - name: llama\n    base_url: {url}/v1\n    models: [\"{model}\"]\n    max_concurrency: 16\n    \
-             load_signal: {{url: \"{url}/metrics\", server: llamacpp}}\nbatches:\n  reconcile_interval: 100ms\n",
+            "upstreams:\n  - name: llama\n    base_url: {url}/v1\n    models: [\"{model}\"]\n    max_concurrency: 16\nbatches:\n  reconcile_interval: 100ms\n",
             url = engine.url,
             model = engine.alias,
         ),
@@ -201,7 +201,9 @@ async fn the_sdks_batch_runs_on_a_real_engine_and_sums_its_usage() {
     let (stdout, _serve) = stdout;
     eprintln!("{stdout}");
     assert!(stdout.contains("engine SDK checks passed"), "{stdout}");
-    // The preset read llama-server's own exposition: the signal set a cap, and never failed.
+    // The signal was found, and the preset read llama-server's own exposition: it set a
+    // cap, and never failed.
+    let found = "nightshift_load_signal_info{upstream=\"llama\",server=\"llamacpp\",source=\"found\"}";
     let metrics = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
     let value = |series: &str| {
         metrics
@@ -209,6 +211,7 @@ async fn the_sdks_batch_runs_on_a_real_engine_and_sums_its_usage() {
             .find(|line| line.starts_with(series))
             .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
     };
+    assert_eq!(value(found), Some(1.0), "{metrics}");
     assert!(value("nightshift_upstream_concurrency_limit{upstream=\"llama\"}").is_some(), "{metrics}");
     assert_eq!(value("nightshift_load_signal_failures_total{upstream=\"llama\"}").unwrap_or(0.0), 0.0, "{metrics}");
 }
