@@ -546,6 +546,14 @@ mod tests {
     }
 
     #[test]
+    fn a_signal_found_is_read_as_one_configured_with_its_url_and_server() {
+        for kind in ServerKind::ALL {
+            let yaml = format!("url: http://server:8000/metrics\nserver: {}", kind.name());
+            assert_eq!(LoadSignalConfig::preset("http://server:8000/metrics".into(), kind), config(&yaml));
+        }
+    }
+
+    #[test]
     fn out_of_range_settings_are_config_errors() {
         let cases = [
             ("url: vllm:8000/metrics", "not an http(s) URL"),
