@@ -461,12 +461,12 @@ async fn beside_closed_loop_users(server: SimConfig, users: usize, settle: Durat
     let users = common::interactive::Interactive::closed(&sim.url, users, 16);
     let dir = TempDir::new().unwrap();
     let signal = match signal {
-        Signal::Set => format!("{{url: \"{}\", every: 50ms}}", sim.metrics_url()),
-        Signal::Found => "true".to_owned(),
-        Signal::Off => "false".to_owned(),
+        Signal::Set => format!("    load_signal: {{url: \"{}\", every: 50ms}}\n", sim.metrics_url()),
+        Signal::Found => String::new(),
+        Signal::Off => "    load_signal: false\n".to_owned(),
     };
     let config = format!(
-        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    load_signal: {signal}\nbatches:\n  reconcile_interval: 100ms\n",
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n{signal}batches:\n  reconcile_interval: 100ms\n",
         sim.url,
     );
     let (_serve, client) = Serve::for_project(dir.path(), &config);
