@@ -53,13 +53,13 @@ pub enum Found {
 #[derive(Debug, Clone)]
 pub struct Discovery {
     urls: Vec<reqwest::Url>,
+    /// When the next look is due (`None`: none has been made, or one found a signal).
     next: Option<Instant>,
-    looked: bool,
 }
 
 impl Discovery {
     pub fn new(base_url: &str) -> Self {
-        Self { urls: metrics_urls(base_url), next: None, looked: false }
+        Self { urls: metrics_urls(base_url), next: None }
     }
 
     /// Whether a look is due (the first is, at once).
@@ -67,14 +67,13 @@ impl Discovery {
         !self.urls.is_empty() && self.next.is_none_or(|next| now >= next)
     }
 
-    /// Whether no look has been made yet.
+    /// Whether no look has been made yet (after one that found a signal, none is).
     pub fn first(&self) -> bool {
-        !self.looked
+        self.next.is_none()
     }
 
     /// The next look after this one found `found` at `now`.
     pub fn looked(&mut self, now: Instant, found: &Found) {
-        self.looked = true;
         self.next = match found {
             Found::Signal(_) => None,
             Found::Nothing => Some(now + AGAIN_UNKNOWN),

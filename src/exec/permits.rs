@@ -160,9 +160,10 @@ struct LoadCaps {
     probing: bool,
     /// The last reading said what the server runs, and other traffic was there lately.
     others: bool,
-    /// What the reading of this look saw, until lines are taken back by it, and whether
-    /// it saw users come to a server the batch had to itself.
+    /// What the reading of this look saw, until lines are taken back by it.
     seen: Option<Occupancy>,
+    /// That reading saw users come to a server the batch had to itself (the headroom
+    /// alone before it, not after).
     came: bool,
     /// Whether a worker pod's users have gone, as its grant says.
     users: Presence,
