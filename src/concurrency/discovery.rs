@@ -124,10 +124,11 @@ mod tests {
         assert_eq!(recognise("llamacpp:requests_deferred 0\n"), Some(ServerKind::Llamacpp));
         assert_eq!(recognise("trtllm_num_requests_waiting 1\n"), Some(ServerKind::Trtllm));
         assert_eq!(recognise("dynamo_frontend_queued_requests{model=\"m\"} 0\n"), Some(ServerKind::Dynamo));
-        // Only the comments, a longer name, or another server's metrics (TGI's): none.
+        assert_eq!(recognise("tgi_queue_size 4\ntgi_batch_current_size 8\n"), Some(ServerKind::Tgi));
+        // Only the comments, a longer name, or a page with no preset's queue: none.
         assert_eq!(recognise("# TYPE vllm:num_requests_waiting gauge\n"), None);
         assert_eq!(recognise("vllm:num_requests_waiting_by_reason{reason=\"x\"} 2\n"), None);
-        assert_eq!(recognise("tgi_queue_size 4\ntgi_batch_current_size 8\n"), None);
+        assert_eq!(recognise("tgi_request_count 4\ntgi_batch_current_size 8\n"), None);
         assert_eq!(recognise(""), None);
     }
 

@@ -7,21 +7,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::rule;
+use super::{rule, signals};
 
 /// The reserve covers what other traffic grew by between two readings over this span.
 pub const RESERVE_OVER: Duration = Duration::from_secs(5);
 /// Other traffic counts at the most that the readings of this span saw, and the one
 /// before them: a dip is not a departure.
 pub const DIP: Duration = Duration::from_millis(250);
-/// Beside other traffic, on a server that says how full its KV cache is, the places are
-/// at most the sequences that fill this share of it at the fullest mix of the last
-/// [`RESERVE_OVER`]. At 0.9 the family's KV-bound servers kept steady users' p99 at
-/// 1.02–1.04× and their batches 0.80–0.92 of the idle room (64 seqs) and 0.98–1.19
-/// (256); at 0.95 the same p99, at 0.91–1.07 and 1.04–1.26. Bursty users met one window
-/// at 1.36× in seven at 0.95 (16 sequences preempted), none in seven at 0.9. It is also
-/// where the load signal calls the cache full by default (`max_kv_cache_usage`).
-pub const CACHE_TARGET: f64 = 0.95;
 /// Alone, the batch keeps this share of the server's places queued there (a line at
 /// least), where that pays ([`super::queue`] tries both): a place freed mid-step is filled
 /// at the next one, not a round trip later. A
@@ -81,8 +73,11 @@ impl Occupancy {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Headroom {
+    /// Beside other traffic, the share of a server's KV cache that the places fill at
+    /// most ([`Headroom::new`]).
+    cache_full: f64,
     places: Option<f64>,
     /// Other traffic in the readings of the last [`DIP`], and the one before them.
     others: VecDeque<(Instant, f64)>,
@@ -99,7 +94,35 @@ pub struct Headroom {
     unqueued: bool,
 }
 
+impl Default for Headroom {
+    fn default() -> Self {
+        Self::new(signals::MAX_KV_CACHE_USAGE)
+    }
+}
+
 impl Headroom {
+    /// A headroom that, beside other traffic on a server that says how full its KV
+    /// cache is, holds the places to the sequences that fill `cache_full` of it at the
+    /// fullest mix of the last [`RESERVE_OVER`]: where the load signal calls the cache
+    /// full (`max_kv_cache_usage`, 0.95 by default). At 0.9, a tenth below the
+    /// signal's own line, the family's KV-bound servers kept steady users' p99 at
+    /// 1.02–1.04× and their batches 0.80–0.92 of the idle room (64 seqs) and 0.98–1.19
+    /// (256); at 0.95 the same p99, at 0.91–1.07 and 1.04–1.26. Bursty users met one
+    /// window at 1.36× in seven at 0.95 (16 sequences preempted), none in seven at 0.9
+    /// (docs/src/night-shift-record.md#repeats-of-the-misses-beside-users-and-the-caches-share-at-095).
+    pub fn new(cache_full: f64) -> Self {
+        Self {
+            cache_full,
+            places: None,
+            others: VecDeque::new(),
+            rises: VecDeque::new(),
+            others_seen: None,
+            alone: false,
+            fills: VecDeque::new(),
+            unqueued: false,
+        }
+    }
+
     /// The places kept free for other traffic now.
     pub fn reserve(&self) -> f64 {
         if self.alone {
@@ -126,13 +149,13 @@ impl Headroom {
 
     /// The places the batch and the server's other traffic share: the most the server
     /// ran when it was full, or since. Beside other traffic, where the server says how
-    /// full its cache is, no more than fill [`CACHE_TARGET`] of it at the fullest mix
+    /// full its cache is, no more than fill [`Self::new`]'s share of it at the fullest mix
     /// seen lately: sequences grow as they decode, and a cache that overflows preempts
     /// the newest, most often a user's. The fullest mix, not the latest: lines that
     /// started together grow together, and a cohort of young ones leaves room that is
     /// gone once they are old.
     fn bounded_places(&self) -> Option<f64> {
-        let cache = self.fills.iter().map(|(_, fill)| CACHE_TARGET * fill).reduce(f64::min).filter(|_| !self.alone);
+        let cache = self.fills.iter().map(|(_, fill)| self.cache_full * fill).reduce(f64::min).filter(|_| !self.alone);
         match (self.places, cache) {
             (Some(places), Some(cache)) => Some(places.min(cache)),
             (places, cache) => places.or(cache),
@@ -328,6 +351,17 @@ mod tests {
         headroom.keep_queue(false);
         assert_eq!(headroom.read(at(start, 600), occupancy(14.0, 0.0, 14), 1.0), Some(16.0));
         assert_eq!(headroom.read(at(start, 700), occupancy(16.0, 4.0, 20), 1.0), Some(16.0));
+    }
+
+    #[test]
+    fn the_cache_fills_to_where_the_load_signal_calls_it_full() {
+        let start = Instant::now();
+        let reading = Occupancy { kv_cache_usage: Some(0.5), ..occupancy(40.0, 0.0, 30) };
+        // 10 users and 30 lines fill half the cache: 80 would fill it, 64 fill 0.8.
+        let mut careful = Headroom::new(0.8);
+        assert_eq!(careful.read(start, reading, 1.0), Some(30.0 + 64.0 - 30.0 - 10.0 - 1.0));
+        let mut usual = Headroom::default();
+        assert_eq!(usual.read(start, reading, 1.0), Some(30.0 + 76.0 - 30.0 - 10.0 - 1.0));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The load signal's presets: each model server's own metric names, the defaults of
-//! `upstreams[].load_signal` for `server: vllm | sglang | llamacpp | trtllm | dynamo`.
+//! `upstreams[].load_signal` for `server: vllm | sglang | llamacpp | trtllm | dynamo | tgi`.
 //!
 //! The design: docs/src/night-shift-design.md#the-load-signals-the-servers-own-metrics
 
@@ -18,11 +18,13 @@ pub enum ServerKind {
     Trtllm,
     /// NVIDIA Dynamo's frontend.
     Dynamo,
+    /// Hugging Face's Text Generation Inference (its router's metrics).
+    Tgi,
 }
 
 impl ServerKind {
     /// Every preset, in the order a metrics page is recognised by ([`super::discovery`]).
-    pub const ALL: [Self; 5] = [Self::Vllm, Self::Sglang, Self::Llamacpp, Self::Trtllm, Self::Dynamo];
+    pub const ALL: [Self; 6] = [Self::Vllm, Self::Sglang, Self::Llamacpp, Self::Trtllm, Self::Dynamo, Self::Tgi];
 
     /// Its name in the configuration (`server: vllm`).
     pub fn name(self) -> &'static str {
@@ -32,6 +34,7 @@ impl ServerKind {
             Self::Llamacpp => "llamacpp",
             Self::Trtllm => "trtllm",
             Self::Dynamo => "dynamo",
+            Self::Tgi => "tgi",
         }
     }
 
@@ -43,6 +46,7 @@ impl ServerKind {
             Self::Llamacpp => &["llamacpp:requests_deferred"],
             Self::Trtllm => &["trtllm_num_requests_waiting"],
             Self::Dynamo => &["dynamo_frontend_queued_requests"],
+            Self::Tgi => &["tgi_queue_size"],
         }
     }
 
@@ -52,7 +56,8 @@ impl ServerKind {
             Self::Vllm => &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
             Self::Sglang => &["sglang:token_usage"],
             Self::Trtllm => &["trtllm_kv_cache_utilization"],
-            Self::Llamacpp | Self::Dynamo => &[],
+            // TGI's router publishes its token budget, not a share of its cache in use.
+            Self::Llamacpp | Self::Dynamo | Self::Tgi => &[],
         }
     }
 
@@ -65,6 +70,8 @@ impl ServerKind {
             Self::Trtllm => &["trtllm_num_requests_running"],
             // In flight through the frontend: running and queued together.
             Self::Dynamo => &["dynamo_frontend_inflight_requests"],
+            // The batch the router runs.
+            Self::Tgi => &["tgi_batch_current_size"],
         }
     }
 
@@ -92,17 +99,23 @@ impl ServerKind {
                 "dynamo_frontend_inter_token_latency_seconds_sum",
                 "dynamo_frontend_inter_token_latency_seconds_count",
             )],
+            // A request's mean time per token, once a request.
+            Self::Tgi => {
+                &[("tgi_request_mean_time_per_token_duration_sum", "tgi_request_mean_time_per_token_duration_count")]
+            }
         }
     }
 
     /// Whether it drops a request whose client hung up, queued or running: vLLM aborts it
-    /// (its API server cancels a request's handler on the disconnect). llama-server, as
-    /// checked here, ran a queued request to its end after its client had gone, and the
-    /// others are not known to drop one. Only where the server drops them does a batch
+    /// (its API server cancels a request's handler on the disconnect), and TGI's router
+    /// leaves a queued request out of its next batch once its answer's receiver is gone
+    /// (read in its source, not run here). llama-server, as checked here, ran a queued
+    /// request to its end after its client had gone, and the others are not known to
+    /// drop one. Only where the server drops them does a batch
     /// take its queued lines back for users who come ([`super::recall`]): elsewhere a
     /// line taken back would hold its place all the same, and run twice.
     pub fn drops_hung_up(self) -> bool {
-        self == Self::Vllm
+        matches!(self, Self::Vllm | Self::Tgi)
     }
 
     /// Whether its running metric counts the waiting requests too.

@@ -25,7 +25,9 @@ pub struct LoadSignalConfig {
     /// Batch dispatch holds while more requests than this wait at the server (0: any).
     #[serde(default)]
     pub max_waiting: f64,
-    /// … or while its KV cache is fuller than this share (0 < x ≤ 1).
+    /// … or while its KV cache is fuller than this share (0 < x ≤ 1). Beside users, the
+    /// batch's places are also held to what fills this share of it
+    /// ([`super::headroom::Headroom::new`]).
     #[serde(default = "default_max_kv_cache_usage")]
     pub max_kv_cache_usage: f64,
     /// The metric of requests waiting, if not the server's usual one.
@@ -51,8 +53,12 @@ pub struct LoadSignalConfig {
 fn default_every() -> Duration {
     Duration::from_millis(50)
 }
+/// How full a server's KV cache may be, by default
+/// ([`LoadSignalConfig::max_kv_cache_usage`]).
+pub const MAX_KV_CACHE_USAGE: f64 = 0.95;
+
 fn default_max_kv_cache_usage() -> f64 {
-    0.95
+    MAX_KV_CACHE_USAGE
 }
 
 impl LoadSignalConfig {
@@ -399,9 +405,9 @@ mod tests {
     }
 
     /// Each preset against an exposition in its server's own names (llama-server's as it
-    /// prints them; TensorRT-LLM's and Dynamo's as their docs list them).
+    /// prints them; TensorRT-LLM's, Dynamo's and TGI's as their docs list them).
     #[test]
-    fn readings_of_llamacpp_trtllm_and_dynamo() {
+    fn readings_of_llamacpp_trtllm_dynamo_and_tgi() {
         let llamacpp = config("url: http://llama:8080/metrics\nserver: llamacpp");
         let text = "# HELP llamacpp:requests_processing Number of requests processing.\n\
             # TYPE llamacpp:requests_processing gauge\n\
@@ -431,6 +437,18 @@ mod tests {
             "in flight less queued"
         );
         assert!(matches!(reading.pressure(&dynamo), Pressure::Queueing { .. }));
+        // TGI's router: gauges without labels beside its token budget (not a cache share),
+        // and each request's mean time a token in a histogram.
+        let tgi = config("url: http://tgi:80/metrics\nserver: tgi");
+        let text = "# TYPE tgi_queue_size gauge\ntgi_queue_size 5\n\
+            tgi_batch_current_size 24\ntgi_batch_current_max_tokens 9000\ntgi_batch_total_tokens 16000\n\
+            tgi_request_mean_time_per_token_duration_bucket{le=\"0.05\"} 7\n\
+            tgi_request_mean_time_per_token_duration_sum 0.21\ntgi_request_mean_time_per_token_duration_count 7\n";
+        let token_time = Some(TokenTime { seconds: 0.21, tokens: 7.0 });
+        assert_eq!(
+            parse(text, &tgi),
+            Ok(Reading { waiting: 5.0, kv_cache_usage: None, running: Some(24.0), token_time })
+        );
     }
 
     /// Each preset's time a token: vLLM's newer name before its older one, llama-server's

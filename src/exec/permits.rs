@@ -187,7 +187,9 @@ impl LoadCaps {
         }
         Self {
             gate: Gate::default(),
-            headroom: Headroom::default(),
+            headroom: Headroom::new(
+                upstream.load_signal().map_or(signals::MAX_KV_CACHE_USAGE, |s| s.max_kv_cache_usage),
+            ),
             queue: QueueChoice::default(),
             room: None,
             delay: Delay::default(),

@@ -50,7 +50,7 @@ pub struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalLabels {
     pub upstream: String,
-    /// The preset it is read with (`vllm`, `sglang`, `llamacpp`, `trtllm`, `dynamo`).
+    /// The preset it is read with (`vllm`, `sglang`, `llamacpp`, `trtllm`, `dynamo`, `tgi`).
     pub server: &'static str,
     /// `configured`, or `found` beside the server's API.
     pub source: &'static str,

@@ -1,5 +1,6 @@
-//! The load signal's presets for TensorRT-LLM (`trtllm`) and NVIDIA Dynamo (`dynamo`),
-//! read over HTTP from stand-ins that serve each server's own metric names: a queue in
+//! The load signal's presets for TensorRT-LLM (`trtllm`), NVIDIA Dynamo (`dynamo`) and
+//! Hugging Face TGI (`tgi`), read over HTTP from stand-ins that serve each server's own
+//! metric names: a queue in
 //! those names holds a batch, and the same page read through another server's preset
 //! is counted `invalid` and holds nothing. (`vllm` is read from the simulator and
 //! `llamacpp` from llama-server itself, in the night-shift and engine tests.)
@@ -34,6 +35,13 @@ fn dynamo(waiting: u64) -> String {
     )
 }
 
+/// TGI's router page with `waiting` queued.
+fn tgi(waiting: u64) -> String {
+    format!(
+        "# TYPE tgi_queue_size gauge\ntgi_queue_size {waiting}\ntgi_batch_current_size 4\ntgi_batch_total_tokens 16000\n"
+    )
+}
+
 /// A `/metrics` endpoint answering `page` of the waiting count the test sets.
 async fn stand_in(page: fn(u64) -> String, waiting: Arc<AtomicU64>) -> String {
     let app = Router::new().route("/metrics", get(move || std::future::ready(page(waiting.load(Ordering::Relaxed)))));
@@ -49,28 +57,36 @@ fn calls_of(upstream: &MockUpstream, model: &str) -> u32 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
+async fn trtllm_dynamo_and_tgi_queues_hold_a_batch_read_through_their_presets() {
     let upstream = MockUpstream::start().await;
     let waiting = Arc::new(AtomicU64::new(3));
     let trtllm_page = stand_in(trtllm, waiting.clone()).await;
     let dynamo_page = stand_in(dynamo, waiting.clone()).await;
+    let tgi_page = stand_in(tgi, waiting.clone()).await;
     // The last one reads TensorRT-LLM's page as if it were Dynamo's.
-    let upstreams: String =
-        [("trt", &trtllm_page, "trtllm"), ("dyn", &dynamo_page, "dynamo"), ("mixed", &trtllm_page, "dynamo")]
-            .iter()
-            .map(|(name, url, server)| {
-                let entry =
-                    format!("  - name: {name}\n    base_url: {}\n    models: [\"mock-{name}\"]\n", upstream.base_url);
-                entry + &format!("    load_signal: {{url: \"{url}\", server: {server}, every: 50ms}}\n")
-            })
-            .collect();
+    let upstreams: String = [
+        ("trt", &trtllm_page, "trtllm"),
+        ("dyn", &dynamo_page, "dynamo"),
+        ("tgi", &tgi_page, "tgi"),
+        ("mixed", &trtllm_page, "dynamo"),
+    ]
+    .iter()
+    .map(|(name, url, server)| {
+        let entry = format!("  - name: {name}\n    base_url: {}\n    models: [\"mock-{name}\"]\n", upstream.base_url);
+        entry + &format!("    load_signal: {{url: \"{url}\", server: {server}, every: 50ms}}\n")
+    })
+    .collect();
     let dir = TempDir::new().unwrap();
     let (serve, client) =
         Serve::for_project(dir.path(), &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
     let held = |name: &str| format!("nightshift_upstream_dispatch_held{{upstream=\"{name}\"}}");
-    common::cluster::eventually("both presets' queues read", 30, || async {
-        let both = serve.metric(&held("trt")).await == Some(1.0) && serve.metric(&held("dyn")).await == Some(1.0);
-        both.then_some(())
+    common::cluster::eventually("every preset's queue read", 30, || async {
+        for name in ["trt", "dyn", "tgi"] {
+            if serve.metric(&held(name)).await != Some(1.0) {
+                return None;
+            }
+        }
+        Some(())
     })
     .await;
 
@@ -80,13 +96,13 @@ async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
     let mixed = client.wait_terminal(mixed["id"].as_str().unwrap(), Duration::from_secs(60)).await;
     assert_eq!(mixed["request_counts"]["completed"], 10, "a page without its preset's names holds nothing: {mixed}");
     let mut held_ids = Vec::new();
-    for model in ["mock-trt", "mock-dyn"] {
+    for model in ["mock-trt", "mock-dyn", "mock-tgi"] {
         let id = client.create(&client.upload(batch(model)).await).await["id"].as_str().unwrap().to_owned();
         client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
         held_ids.push(id);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for model in ["mock-trt", "mock-dyn"] {
+    for model in ["mock-trt", "mock-dyn", "mock-tgi"] {
         assert_eq!(calls_of(&upstream, model), 0, "3 requests queue at {model}'s server: none of its lines is sent");
     }
 
@@ -99,7 +115,7 @@ async fn trtllm_and_dynamo_queues_hold_a_batch_read_through_their_presets() {
         format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}")
     };
     assert!(serve.metric(&failures("mixed", "invalid")).await.unwrap_or(0.0) >= 1.0, "the mixed-up read is counted");
-    for name in ["trt", "dyn"] {
+    for name in ["trt", "dyn", "tgi"] {
         for reason in ["invalid", "unreachable", "stale"] {
             assert_eq!(serve.metric(&failures(name, reason)).await.unwrap_or(0.0), 0.0, "{name}: {reason}");
         }
