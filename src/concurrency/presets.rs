@@ -111,9 +111,9 @@ impl ServerKind {
     /// leaves a queued request out of its next batch once its answer's receiver is gone
     /// (read in its source, not run here). llama-server, as checked here, ran a queued
     /// request to its end after its client had gone, and the others are not known to
-    /// drop one. Only where the server drops them does a batch
-    /// take its queued lines back for users who come ([`super::recall`]): elsewhere a
-    /// line taken back would hold its place all the same, and run twice.
+    /// drop one. Only where the server drops them does a batch take its queued lines
+    /// back for users who come ([`super::recall`]): elsewhere a line taken back would
+    /// hold its place all the same, and run twice.
     pub fn drops_hung_up(self) -> bool {
         matches!(self, Self::Vllm | Self::Tgi)
     }

@@ -1,8 +1,7 @@
 //! The load signal's presets for TensorRT-LLM (`trtllm`), NVIDIA Dynamo (`dynamo`) and
 //! Hugging Face TGI (`tgi`), read over HTTP from stand-ins that serve each server's own
-//! metric names: a queue in
-//! those names holds a batch, and the same page read through another server's preset
-//! is counted `invalid` and holds nothing. (`vllm` is read from the simulator and
+//! metric names: a queue in those names holds a batch, and the same page read through
+//! another server's preset is counted `invalid` and holds nothing. (`vllm` is read from the simulator and
 //! `llamacpp` from llama-server itself, in the night-shift and engine tests.)
 
 use crate::common;
