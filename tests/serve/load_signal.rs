@@ -209,7 +209,7 @@ fn load_signal_thresholds_weights_and_scheduling_out_of_range_are_refused_at_sta
         (upstream("{url: http://vllm:8000/metrics, max_waiting: -2}"), "max_waiting must be 0 or more"),
         (upstream("{url: http://vllm:8000/metrics, every: 1ms}"), "every must be between 50ms and 10s"),
         (upstream("{url: \"vllm:8000\"}"), "not an http(s) URL"),
-        (upstream("{url: http://vllm:8000/metrics, server: tgi}"), "unknown variant"),
+        (upstream("{url: http://vllm:8000/metrics, server: ollama}"), "unknown variant"),
         (upstream("{server: vllm}"), "missing field `url`"),
         (upstream("vllm"), "or false for none"),
         (upstream("3"), "or false for none"),
