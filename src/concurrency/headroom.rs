@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::{rule, signals};
+use super::rule;
 
 /// The reserve covers what other traffic grew by between two readings over this span.
 pub const RESERVE_OVER: Duration = Duration::from_secs(5);
@@ -92,12 +92,6 @@ pub struct Headroom {
     fills: VecDeque<(Instant, f64)>,
     /// Alone, no queue is kept: it costs this server ([`super::queue`]).
     unqueued: bool,
-}
-
-impl Default for Headroom {
-    fn default() -> Self {
-        Self::new(signals::MAX_KV_CACHE_USAGE)
-    }
 }
 
 impl Headroom {
@@ -228,6 +222,14 @@ pub fn take(cap: f64, draw: f64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::concurrency::signals;
+
+    /// A headroom as a signal's defaults have it.
+    impl Default for Headroom {
+        fn default() -> Self {
+            Self::new(signals::MAX_KV_CACHE_USAGE)
+        }
+    }
 
     fn at(start: Instant, ms: u64) -> Instant {
         start + Duration::from_millis(ms)
