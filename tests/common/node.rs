@@ -19,7 +19,12 @@
 //! - kube-proxy: `--conntrack-max-per-core=0` (leave the host's conntrack table alone),
 //!   `--oom-score-adj=0`; iptables (nf_tables) and br_netfilter are built into the kernel;
 //! - no cluster DNS: pods are given IPs (the host's for S3 and the test upstream), the
-//!   `kubernetes` Service's ClusterIP for the API server.
+//!   `kubernetes` Service's ClusterIP for the API server;
+//! - this VM's network answers a TCP connection to any outside address on port 8080 (404,
+//!   no body). A connection to a Service that kube-proxy did not DNAT (between its removal
+//!   of a Service's REJECT and its DNAT, as a Deployment wakes from zero replicas) would
+//!   reach that answer, where a cluster's network would lose it: the node refuses traffic
+//!   to the Service range that was not DNAT'd ([`ServiceRangeFence`]).
 //!
 //! One node at a time per machine (the bridge, the iptables chains and `/kubepods` are the
 //! host's): [`RealNode::start`] takes a lock file.
@@ -52,6 +57,7 @@ pub struct RealNode {
     podman: PathBuf,
     containers_conf: String,
     dir: tempfile::TempDir,
+    _fence: ServiceRangeFence,
     _lock: File,
 }
 
@@ -70,6 +76,7 @@ impl RealNode {
             podman: tool("node", "PODMAN"),
             containers_conf: tool_setting("node", "CONTAINERS_CONF").expect("CONTAINERS_CONF from install-node.sh"),
             dir,
+            _fence: ServiceRangeFence::raise(),
             _lock: lock,
         };
 
@@ -272,6 +279,44 @@ impl Drop for RealNode {
         }
         kill_processes_mentioning(&self.containerd_socket);
         unmount_under(self.dir.path());
+    }
+}
+
+/// iptables rules that refuse packets to the Service range that kube-proxy did not DNAT:
+/// from pods (`FORWARD`) and from this host (`OUTPUT`). Both chains are looked at after
+/// kube-proxy's DNAT, so a packet to a Service with a ready endpoint never matches. Raised
+/// with the node, lowered when it is dropped; a killed test's leftovers are lowered first.
+struct ServiceRangeFence;
+
+impl ServiceRangeFence {
+    const COMMENT: &str = "nightshift-node: a Service's traffic not DNAT'd";
+
+    fn raise() -> ServiceRangeFence {
+        while Self::rules("-D").iter().any(|ok| *ok) {}
+        let raised = Self::rules("-I");
+        assert!(raised.iter().all(|ok| *ok), "iptables refused the node's Service-range rules");
+        ServiceRangeFence
+    }
+
+    /// Runs `iptables -w <action>` for each rule; whether each succeeded.
+    fn rules(action: &str) -> [bool; 2] {
+        let service_cidr = super::cluster::SERVICE_CIDR;
+        let rules: [&[&str]; 2] = [&["FORWARD", "-s", POD_CIDR, "-d", service_cidr], &["OUTPUT", "-d", service_cidr]];
+        rules.map(|rule| {
+            Command::new("iptables")
+                .args(["-w", action])
+                .args(rule)
+                .args(["-m", "comment", "--comment", Self::COMMENT, "-j", "REJECT"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+}
+
+impl Drop for ServiceRangeFence {
+    fn drop(&mut self) {
+        Self::rules("-D");
     }
 }
 
