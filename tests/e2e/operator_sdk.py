@@ -31,11 +31,17 @@ print(json.dumps({"event": "created", "id": batch.id, "status": batch.status}), 
 if os.environ.get("CREATE_ONLY"):
     sys.exit(0)
 
+# CANCEL_AFTER=n: cancels the batch once n of its lines have completed.
+cancel_after = int(os.environ["CANCEL_AFTER"]) if os.environ.get("CANCEL_AFTER") else None
 deadline = time.time() + float(os.environ.get("TIMEOUT", "120"))
 while batch.status not in ("completed", "failed", "expired", "cancelled"):
     assert time.time() < deadline, f"batch still {batch.status}: {batch}"
     time.sleep(0.2)
     batch = client.batches.retrieve(batch.id)
+    if cancel_after is not None and batch.request_counts.completed >= cancel_after:
+        batch = client.batches.cancel(batch.id)
+        print(json.dumps({"event": "cancelling", "status": batch.status}), flush=True)
+        cancel_after = None
 
 output = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
 errors = client.files.content(batch.error_file_id).text if batch.error_file_id else ""
@@ -44,6 +50,8 @@ print(json.dumps({
     "id": batch.id,
     "status": batch.status,
     "created_at": batch.created_at,
+    "cancelling_at": batch.cancelling_at,
+    "cancelled_at": batch.cancelled_at,
     "counts": batch.request_counts.model_dump(),
     "output": [json.loads(line) for line in output.splitlines()],
     "errors": [json.loads(line) for line in errors.splitlines()],

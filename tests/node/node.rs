@@ -63,9 +63,9 @@ struct Installation {
     upstream: MockUpstream,
     /// A model server with users of its own and a load signal (`sim-*` models).
     sim: Simulator,
-    /// A real one (the model `tiny`), its `/metrics` read through `engine_signal`.
+    /// A real one (the model `tiny`), reached through `engine_front`.
     engine: LlamaServer,
-    engine_signal: SignalReaders,
+    engine_front: EngineFront,
     helm_home: TempDir,
     values: std::path::PathBuf,
     api_url: String,
@@ -83,7 +83,7 @@ impl Installation {
         let sim_config = SimConfig { max_batch: 4, step_base: Duration::from_millis(20), ..SimConfig::default() };
         let sim = Simulator::start_on(&format!("{host}:0"), sim_config).await;
         let engine = LlamaServer::start_on(&host.to_string(), "tiny", 4).await;
-        let engine_signal = SignalReaders::start(host.into(), format!("{}/metrics", engine.url)).await;
+        let engine_front = EngineFront::start(host.into(), engine.url.clone()).await;
         cluster.create_namespace(NS).await;
         let secret = Secret {
             metadata: kube::api::ObjectMeta { name: Some("nightshift-s3".into()), ..Default::default() },
@@ -111,9 +111,9 @@ impl Installation {
                            "max_concurrency": CONCURRENCY},
                           {"name": "sim", "base_url": sim.url, "models": ["sim-*"], "max_concurrency": 64,
                            "priority": 1, "load_signal": {"url": sim.metrics_url()}},
-                          {"name": "engine", "base_url": format!("{}/v1", engine.url), "models": [engine.alias],
-                           "max_concurrency": 64,
-                           "load_signal": {"server": "llamacpp", "url": engine_signal.url}}],
+                          // No load signal set: each worker pod finds llama-server's.
+                          {"name": "engine", "base_url": format!("{}/v1", engine_front.url),
+                           "models": [engine.alias], "max_concurrency": 64}],
             "projects": [{"name": "demo", "id": PROJECT,
                           "apiKeys": [{"sha256": hex::encode(nightshift::config::key_digest(KEY))}]}],
             "config": {"batches": {"shard_lines": SHARD_LINES, "checkpoint_interval": "100ms", "cancel_grace": "5s"}},
@@ -127,7 +127,7 @@ impl Installation {
             upstream,
             sim,
             engine,
-            engine_signal,
+            engine_front,
             helm_home,
             values,
             api_url: String::new(),
@@ -234,28 +234,46 @@ impl Drop for Installation {
     }
 }
 
-/// A model server's `/metrics`, passed through on the host by a reader that records who
-/// read it (llama-server does not say).
-struct SignalReaders {
-    /// Where to read it.
+/// A model server passed through on the host, every path, by a front that records who read
+/// its `/metrics` (llama-server does not say). Upstreams that name the front find the
+/// server's load signal beside its API, as an untuned installation does.
+struct EngineFront {
+    /// The server's address through the front (`http://host:port`, no path).
     url: String,
     readers: Arc<Mutex<BTreeSet<IpAddr>>>,
 }
 
-impl SignalReaders {
-    async fn start(host: IpAddr, metrics: String) -> Self {
-        use axum::extract::{ConnectInfo, State};
-        let readers: Arc<Mutex<BTreeSet<IpAddr>>> = Arc::default();
-        let state = (readers.clone(), metrics, reqwest::Client::new());
+impl EngineFront {
+    async fn start(host: IpAddr, engine: String) -> Self {
+        use axum::extract::{ConnectInfo, Request, State};
+        use axum::http::StatusCode;
+        use axum::http::header::CONTENT_TYPE;
         type Shared = (Arc<Mutex<BTreeSet<IpAddr>>>, String, reqwest::Client);
-        let read = |ConnectInfo(peer): ConnectInfo<SocketAddr>, State((readers, metrics, client)): State<Shared>| async move {
-            readers.lock().unwrap().insert(peer.ip());
-            let page = client.get(&metrics).send().await.map_err(|e| e.to_string())?;
-            page.text().await.map_err(|e| e.to_string())
+        let readers: Arc<Mutex<BTreeSet<IpAddr>>> = Arc::default();
+        let state: Shared = (readers.clone(), engine, reqwest::Client::new());
+        let pass = |ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                    State((readers, engine, client)): State<Shared>,
+                    request: Request| async move {
+            let (parts, body) = request.into_parts();
+            if parts.uri.path() == "/metrics" {
+                readers.lock().unwrap().insert(peer.ip());
+            }
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let body =
+                axum::body::to_bytes(body, usize::MAX).await.map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+            let mut sent = client.request(parts.method, format!("{engine}{path}")).body(body);
+            if let Some(kind) = parts.headers.get(CONTENT_TYPE) {
+                sent = sent.header(CONTENT_TYPE, kind);
+            }
+            let answer = sent.send().await.map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+            let status = answer.status();
+            let kind = answer.headers().get(CONTENT_TYPE).cloned();
+            let body = answer.bytes().await.map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+            Ok::<_, (StatusCode, String)>((status, kind.map(|k| [(CONTENT_TYPE, k)]), body))
         };
-        let app = axum::Router::new().route("/metrics", axum::routing::get(read)).with_state(state);
+        let app = axum::Router::new().fallback(pass).with_state(state);
         let listener = tokio::net::TcpListener::bind(SocketAddr::new(host, 0)).await.unwrap();
-        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+        let url = format!("http://{}", listener.local_addr().unwrap());
         let service = app.into_make_service_with_connect_info::<SocketAddr>();
         tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
         Self { url, readers }
@@ -442,6 +460,34 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
     })
     .await;
 
+    // -- 4b. A batch cancelled mid-run: its worker pods stop, the lines that ran keep their
+    // answers, and the lines never sent get `batch_cancelled`. Lines of a second each: a
+    // pod's shard takes some 5 s, so the batch is still under way when the SDK cancels.
+    upstream.delay(Duration::from_secs(1));
+    let calls_before = upstream.total_calls();
+    let lines = tokio::task::block_in_place(|| {
+        installation.sdk(40, &[("MODEL", "mock-e"), ("CANCEL_AFTER", "4")]).join().unwrap()
+    });
+    let finished = lines.last().expect("the SDK printed nothing");
+    assert_eq!(finished["status"], "cancelled", "{}", finished["counts"]);
+    assert!(finished["cancelled_at"].as_i64() >= finished["cancelling_at"].as_i64(), "{finished}");
+    let (output, errors) = (finished["output"].as_array().unwrap(), finished["errors"].as_array().unwrap());
+    assert!(output.len() >= 4 && !errors.is_empty(), "cancelled mid-run: {}", finished["counts"]);
+    assert_eq!(output.len() + errors.len(), 40, "every line once, answered or cancelled");
+    assert_eq!(finished["counts"]["completed"], output.len(), "{}", finished["counts"]);
+    assert!(output.iter().all(|r| r["response"]["status_code"] == 200), "{output:?}");
+    assert!(errors.iter().all(|r| r["error"]["code"] == "batch_cancelled"), "{errors:?}");
+    settle(upstream).await;
+    assert_eq!(upstream.total_calls() - calls_before, output.len() as u64, "no cancelled line was sent");
+    let batch = batch_id(&lines);
+    eventually("the cancelled batch's worker pods to stop", 60, || async {
+        let pods = installation.pods(&batch_selector(&batch)).await;
+        let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone());
+        pods.iter().all(|p| matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))).then_some(())
+    })
+    .await;
+    eprintln!("[node] cancelled mid-run: {} lines answered, {} cancelled", output.len(), errors.len());
+
     // -- 5. The night shift: two users keep a request each at a server of four places,
     // and a batch of four shards (a worker pod each) runs beside them. Each pod reads the
     // server's load signal over the pod network and sends its lines with the upstream's
@@ -483,8 +529,8 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
         stats.peak_waiting
     );
 
-    // -- 5b. The same on a real engine: llama-server's four slots, its signal read through
-    // the `llamacpp` preset by every worker pod of the batch.
+    // -- 5b. The same on a real engine, untuned: every worker pod of the batch finds
+    // llama-server's load signal beside its API and reads it through the `llamacpp` preset.
     let model = installation.engine.alias.clone();
     let lines = tokio::task::block_in_place(|| {
         installation.sdk(40, &[("MODEL", model.as_str()), ("MAX_TOKENS", "8")]).join().unwrap()
@@ -498,17 +544,23 @@ async fn the_chart_runs_batches_in_real_pods_of_the_built_image_and_survives_fau
         assert_eq!(body["usage"]["completion_tokens"], 8, "{record}");
     }
     let batch = batch_id(&lines);
-    let pod_ips: Vec<IpAddr> = eventually("the engine batch's worker pods and their addresses", 60, || async {
+    let pods: Vec<(String, IpAddr)> = eventually("the engine batch's worker pods and their addresses", 60, || async {
         let pods = installation.pods(&batch_selector(&batch)).await;
-        let ips: Option<Vec<_>> = pods.iter().map(|p| p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()).collect();
-        ips.filter(|ips| ips.len() == 4)
+        let found: Option<Vec<_>> =
+            pods.iter().map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?))).collect();
+        found.filter(|pods| pods.len() == 4)
     })
     .await;
-    let readers = installation.engine_signal.readers();
-    for ip in &pod_ips {
-        assert!(readers.contains(ip), "worker pod {ip} read llama-server's load signal: {readers:?}");
+    let readers = installation.engine_front.readers();
+    for (name, ip) in &pods {
+        assert!(readers.contains(ip), "worker pod {ip} looked for llama-server's load signal: {readers:?}");
+        let log = installation.kubectl(&["logs", name]);
+        assert!(
+            log.lines().any(|l| l.contains("found the server's load signal") && l.contains("Llamacpp")),
+            "worker pod {name} found llama-server's signal: {log}"
+        );
     }
-    eprintln!("[node] llama-server: 40 lines by {} worker pods, each read its signal", pod_ips.len());
+    eprintln!("[node] llama-server: 40 lines by {} worker pods, each found and read its signal", pods.len());
 
     // -- 5c. Capacity on demand: llama-server as a Deployment at zero replicas, woken by a
     // batch, given back after the cooldown; a batch that would miss its window at one
