@@ -20,7 +20,8 @@
 //!
 //! Knobs: `NIGHTSHIFT_BINARY` (another build, to compare), `BENCH_ROUNDS`, `BENCH_ONLY` (a substring of a point's name, e.g. `lat300`),
 //! `BENCH_SHORT=0` (skip the short-batch case), `BENCH_GRID=0` (skip the grid), `BENCH_LOG`
-//! (`serve`'s `RUST_LOG`, default `warn`).
+//! (`serve`'s `RUST_LOG`, default `warn`), `BENCH_TRACE=1` (the upstream prints each point's
+//! requests in flight over time, to stderr).
 
 #[path = "common/serve.rs"]
 mod serve;
@@ -96,6 +97,13 @@ fn upstream_main() {
                     let load = load.clone();
                     async move {
                         let samples = std::mem::take(&mut *load.samples.lock().unwrap());
+                        if std::env::var_os("BENCH_TRACE").is_some() {
+                            let every_50ms = samples.iter().step_by(10).map(|(done, now)| format!("{done}:{now}"));
+                            eprintln!(
+                                "in flight (finished:in flight, every 50 ms): {}",
+                                every_50ms.collect::<Vec<_>>().join(" ")
+                            );
+                        }
                         let first = samples.first().map_or(0, |s| s.0);
                         let last = load.finished.load(Ordering::Relaxed);
                         let span = last.saturating_sub(first) as f64;
@@ -108,7 +116,13 @@ fn upstream_main() {
                     }
                 }),
             );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // A backlog for a batch's first round at 1,024: its connections open at once, and
+        // at tokio's default (1,024) some 80 of them overflowed the accept queue here (on
+        // one thread, with serve on the other core) and came a SYN retry, a second, later.
+        // A model server's is larger (uvicorn's 2,048); the plain client's are warmed.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(4096).unwrap();
         println!("{}", listener.local_addr().unwrap());
         axum::serve(listener, app).await.unwrap();
     });
