@@ -1,8 +1,9 @@
 //! The load signal's presets for TensorRT-LLM (`trtllm`), NVIDIA Dynamo (`dynamo`) and
 //! Hugging Face TGI (`tgi`), read over HTTP from stand-ins that serve each server's own
 //! metric names: a queue in those names holds a batch, and the same page read through
-//! another server's preset is counted `invalid` and holds nothing. (`vllm` is read from the simulator and
-//! `llamacpp` from llama-server itself, in the night-shift and engine tests.)
+//! another server's preset is counted `invalid` and holds nothing. (`vllm` is read from
+//! the simulator and `llamacpp` from llama-server itself, in the night-shift and engine
+//! tests.)
 
 use crate::common;
 
@@ -33,6 +34,10 @@ fn dynamo(waiting: u64) -> String {
         waiting + 4
     )
 }
+
+/// The upstreams whose signal is read through its own server's preset (the fourth,
+/// `mixed`, reads TensorRT-LLM's page as Dynamo's).
+const READ: [&str; 3] = ["trt", "dyn", "tgi"];
 
 /// TGI's router page with `waiting` queued.
 fn tgi(waiting: u64) -> String {
@@ -80,7 +85,7 @@ async fn trtllm_dynamo_and_tgi_queues_hold_a_batch_read_through_their_presets() 
         Serve::for_project(dir.path(), &format!("upstreams:\n{upstreams}batches:\n  reconcile_interval: 100ms\n"));
     let held = |name: &str| format!("nightshift_upstream_dispatch_held{{upstream=\"{name}\"}}");
     common::cluster::eventually("every preset's queue read", 30, || async {
-        for name in ["trt", "dyn", "tgi"] {
+        for name in READ {
             if serve.metric(&held(name)).await != Some(1.0) {
                 return None;
             }
@@ -95,14 +100,14 @@ async fn trtllm_dynamo_and_tgi_queues_hold_a_batch_read_through_their_presets() 
     let mixed = client.wait_terminal(mixed["id"].as_str().unwrap(), Duration::from_secs(60)).await;
     assert_eq!(mixed["request_counts"]["completed"], 10, "a page without its preset's names holds nothing: {mixed}");
     let mut held_ids = Vec::new();
-    for model in ["mock-trt", "mock-dyn", "mock-tgi"] {
-        let id = client.create(&client.upload(batch(model)).await).await["id"].as_str().unwrap().to_owned();
+    for model in READ.map(|name| format!("mock-{name}")) {
+        let id = client.create(&client.upload(batch(&model)).await).await["id"].as_str().unwrap().to_owned();
         client.wait(&id, Duration::from_secs(30), |b| b["status"] == "in_progress").await;
         held_ids.push(id);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for model in ["mock-trt", "mock-dyn", "mock-tgi"] {
-        assert_eq!(calls_of(&upstream, model), 0, "3 requests queue at {model}'s server: none of its lines is sent");
+    for model in READ.map(|name| format!("mock-{name}")) {
+        assert_eq!(calls_of(&upstream, &model), 0, "3 requests queue at {model}'s server: none of its lines is sent");
     }
 
     waiting.store(0, Ordering::Relaxed);
@@ -114,7 +119,7 @@ async fn trtllm_dynamo_and_tgi_queues_hold_a_batch_read_through_their_presets() 
         format!("nightshift_load_signal_failures_total{{upstream=\"{name}\",reason=\"{reason}\"}}")
     };
     assert!(serve.metric(&failures("mixed", "invalid")).await.unwrap_or(0.0) >= 1.0, "the mixed-up read is counted");
-    for name in ["trt", "dyn", "tgi"] {
+    for name in READ {
         for reason in ["invalid", "unreachable", "stale"] {
             assert_eq!(serve.metric(&failures(name, reason)).await.unwrap_or(0.0), 0.0, "{name}: {reason}");
         }

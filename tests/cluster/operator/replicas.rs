@@ -49,9 +49,9 @@ async fn an_upstreams_limit_holds_across_all_worker_pods_and_is_reached() {
 /// the ceiling of 512 would queue hundreds of lines (504 at once). The peak is the start's
 /// (four pods' first doublings before the first readings agree), and it moves with the
 /// machine's load: 6 to 56 over seven runs on 2 cores with the signal's address wrong (it
-/// answered 404), 4 and 7 with it read; the bound is a sixth of 504. The limit left at
-/// the end was 44 in one CI run of 2026-11-30 (others within 40): it is bounded by an
-/// eighth of the ceiling, half a pod's quarter.
+/// answered 404), 4 and 7 with it read; the queue's bound is a sixth of 504. The limit
+/// left at the end was 44 in one CI run of 2026-11-30 (others within 40): it is bounded
+/// by an eighth of the ceiling, half a pod's quarter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_is_found_for_the_installation_and_shared_by_its_worker_pods() {
     let server = SimConfig { max_batch: 8, step_base: Duration::from_millis(2), ..SimConfig::default() };
