@@ -316,6 +316,7 @@ async fn best_alone(member: &Member) -> (u32, f64) {
 
 /// A run beside users: users' p99 against `alone_p99`, and the batch's share of what
 /// they leave idle of `capacity`.
+#[derive(Clone, Copy)]
 struct Beside {
     p99_ratio: f64,
     share: f64,
@@ -434,14 +435,20 @@ fn main() {
                 let (alone_p99, _) = run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap();
                 let users = Users { pattern, alone_p99, capacity: best };
                 let (hindsight_cell, fixed) = match known {
-                    Some(_) if !sweep_hindsight() => ("not run".to_owned(), Beside { p99_ratio: P99_BOUND, share: f64::NAN }),
+                    Some(_) if !sweep_hindsight() => ("not run".to_owned(), None),
                     _ => {
                         let (n, fixed) = hindsight(member, users).await;
-                        (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), fixed)
+                        (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), Some(fixed))
                     }
                 };
-                // Where no fixed concurrency keeps the bound, the best one's p99 is the bar.
-                let bar = fixed.p99_ratio.max(P99_BOUND);
+                // Where no fixed concurrency keeps the bound, the best one's p99 is the bar;
+                // with no hindsight, there is nothing to hold the share against.
+                let against = |run: &Beside| fixed.map_or("—".to_owned(), |fixed| format!("{:.2}", run.share / fixed.share));
+                let met = |run: &Beside| {
+                    fixed.map_or("—", |fixed| {
+                        verdict(run.p99_ratio <= fixed.p99_ratio.max(P99_BOUND) && run.share >= 0.9 * fixed.share)
+                    })
+                };
                 for build in &builds {
                     let mut runs = Vec::new();
                     for _ in 0..repeats() {
@@ -454,8 +461,8 @@ fn main() {
                         build.name,
                         cells(&runs, |run| format!("{:.2}×", run.p99_ratio)),
                         cells(&runs, |run| format!("{:.2}", run.share)),
-                        cells(&runs, |run| format!("{:.2}", run.share / fixed.share)),
-                        cells(&runs, |run| verdict(run.p99_ratio <= bar && run.share >= 0.9 * fixed.share).to_owned())
+                        cells(&runs, against),
+                        cells(&runs, |run| met(run).to_owned())
                     ));
                 }
             }
