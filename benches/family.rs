@@ -34,7 +34,9 @@
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
 //! look at untuned beside users; `FAMILY_HINDSIGHT=1` still sweeps the hindsight beside
-//! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell: default 1).
+//! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell; the users' p99
+//! alone and each fixed count of the hindsight stand at the median of as many windows:
+//! default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -346,9 +348,18 @@ async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -
 }
 
 /// `FAMILY_REPEATS`: untuned runs per build and member (default 1), each a cell of its
-/// row: one run's figure is one sample, and a build is judged by its worst.
+/// row: one run's figure is one sample, and a build is judged by its worst. The users'
+/// p99 alone and the hindsight's fixed counts run as many windows, at their medians.
 fn repeats() -> usize {
     std::env::var("FAMILY_REPEATS").ok().map_or(1, |v| v.parse::<usize>().expect("FAMILY_REPEATS: a count").max(1))
+}
+
+/// The median of some figures (of an even count, the mean of the middle two).
+fn median(figures: impl Iterator<Item = f64>) -> f64 {
+    let mut figures: Vec<f64> = figures.collect();
+    figures.sort_by(f64::total_cmp);
+    let middle = figures.len() / 2;
+    if figures.len() % 2 == 0 { (figures[middle - 1] + figures[middle]) / 2.0 } else { figures[middle] }
 }
 
 /// One cell for several runs: each run's figure, `/`-separated.
@@ -361,21 +372,32 @@ fn measure_with_users() -> Duration {
 }
 
 /// The hindsight best fixed concurrency beside users: fixed concurrencies from a
-/// sixteenth of the server's places (one at least) up, doubling while users' p99 stays within the bound, then one between the last that
-/// did and the first that did not. Returns it, its share and its p99 ratio.
+/// sixteenth of the server's places (one at least) up, doubling while users' p99 stays
+/// within the bound, then one between the last that did and the first that did not.
+/// Returns it, its share and its p99 ratio. Each count runs [`repeats`] windows and
+/// stands at their medians: picked from single windows, the best share within the bound
+/// is the luckiest window of a count on the bound's edge.
 async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
-    let nightshift = serve::binary();
+    let fixed = |n| async move {
+        let mut runs = Vec::new();
+        for _ in 0..repeats() {
+            runs.push(beside(member, Batch::Fixed(n), &serve::binary(), users).await);
+        }
+        Beside {
+            p99_ratio: median(runs.iter().map(|run| run.p99_ratio)),
+            share: median(runs.iter().map(|run| run.share)),
+        }
+    };
     let mut tried: Vec<(u32, Beside)> = Vec::new();
     for n in powers(member.places / 16, member.places * 2) {
-        let result = beside(member, Batch::Fixed(n), &nightshift, users).await;
+        let result = fixed(n).await;
         let over = result.p99_ratio > P99_BOUND;
         tried.push((n, result));
         if over {
             let below = n / 2;
             if below >= 1 && n - below >= 2 {
                 let middle = below + (n - below) / 2;
-                let result = beside(member, Batch::Fixed(middle), &nightshift, users).await;
-                tried.push((middle, result));
+                tried.push((middle, fixed(middle).await));
             }
             break;
         }
@@ -432,7 +454,11 @@ fn main() {
                 None => alone(member, &builds, &mut alone_rows).await,
             };
             for (users_name, pattern) in user_patterns(best) {
-                let (alone_p99, _) = run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap();
+                let mut alone = Vec::new();
+                for _ in 0..repeats() {
+                    alone.push(run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap().0);
+                }
+                let alone_p99 = median(alone.into_iter());
                 let users = Users { pattern, alone_p99, capacity: best };
                 let (hindsight_cell, fixed) = match known {
                     Some(_) if !sweep_hindsight() => ("not run".to_owned(), None),
@@ -445,7 +471,7 @@ fn main() {
                 // with no hindsight, there is nothing to hold the share against.
                 let against = |run: &Beside| fixed.map_or("—".to_owned(), |fixed| format!("{:.2}", run.share / fixed.share));
                 let met = |run: &Beside| {
-                    fixed.map_or("—", |fixed| {
+                    fixed.map_or("—".to_owned(), |fixed| {
                         verdict(run.p99_ratio <= fixed.p99_ratio.max(P99_BOUND) && run.share >= 0.9 * fixed.share)
                     })
                 };
@@ -462,7 +488,7 @@ fn main() {
                         cells(&runs, |run| format!("{:.2}×", run.p99_ratio)),
                         cells(&runs, |run| format!("{:.2}", run.share)),
                         cells(&runs, against),
-                        cells(&runs, |run| met(run).to_owned())
+                        cells(&runs, met)
                     ));
                 }
             }
@@ -519,7 +545,7 @@ async fn alone(member: &Member, builds: &[Build], rows: &mut Vec<String>) -> f64
             cells(runs, |run| format!("{run:.0}")),
             cells(runs, |run| format!("{:.2}", run / best)),
             cells(&beside, |ratio| format!("{ratio:.2}")),
-            cells(runs, |run| verdict(run / best >= 0.95).to_owned())
+            cells(runs, |run| verdict(run / best >= 0.95))
         ));
     }
     best
@@ -530,6 +556,6 @@ fn preempted(outcome: &Outcome) -> String {
     outcome.preempted.map_or_else(String::new, |(n, m)| format!(", {n} preempted, {m} taken back"))
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "yes" } else { "**no**" }
+fn verdict(met: bool) -> String {
+    if met { "yes" } else { "**no**" }.to_owned()
 }

@@ -162,9 +162,10 @@ impl Headroom {
         let cache = self
             .fills
             .iter()
-            .map(|(_, fill)| full * fill)
+            .map(|(_, fill)| *fill)
             .reduce(f64::min)
-            .filter(|_| !self.alone || self.places.is_some());
+            .filter(|_| !self.alone || self.places.is_some())
+            .map(|fill| full * fill);
         match (self.places, cache) {
             (Some(places), Some(cache)) => Some(places.min(cache)),
             (places, cache) => places.or(cache),
