@@ -34,9 +34,9 @@
 //! alone, twice that beside users), `FAMILY_CAPACITY` (the server's capacity in batch
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
 //! look at untuned beside users; `FAMILY_HINDSIGHT=1` still sweeps the hindsight beside
-//! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell; the users' p99
-//! alone and each fixed count of the hindsight stand at the median of as many windows:
-//! default 1).
+//! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell, and beside
+//! users a verdict of them all at their medians; the users' p99 alone and each fixed
+//! count of the hindsight stand at the median of as many windows: default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -324,6 +324,16 @@ struct Beside {
     share: f64,
 }
 
+impl Beside {
+    /// Several runs' p99 ratios and shares, each at its median.
+    fn medians(runs: &[Beside]) -> Beside {
+        Beside {
+            p99_ratio: median(runs.iter().map(|run| run.p99_ratio)),
+            share: median(runs.iter().map(|run| run.share)),
+        }
+    }
+}
+
 /// Users as a member's server sees them: their pattern, their p99 with no batch, and
 /// the server's capacity (batch tokens/s alone at its best).
 #[derive(Clone, Copy)]
@@ -348,8 +358,9 @@ async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -
 }
 
 /// `FAMILY_REPEATS`: untuned runs per build and member (default 1), each a cell of its
-/// row: one run's figure is one sample, and a build is judged by its worst. The users'
-/// p99 alone and the hindsight's fixed counts run as many windows, at their medians.
+/// row: one run's figure is one sample, and a build is judged run by run (beside users,
+/// at the runs' medians as well). The users' p99 alone and the hindsight's fixed counts
+/// run as many windows, at their medians.
 fn repeats() -> usize {
     std::env::var("FAMILY_REPEATS").ok().map_or(1, |v| v.parse::<usize>().expect("FAMILY_REPEATS: a count").max(1))
 }
@@ -359,7 +370,14 @@ fn median(figures: impl Iterator<Item = f64>) -> f64 {
     let mut figures: Vec<f64> = figures.collect();
     figures.sort_by(f64::total_cmp);
     let middle = figures.len() / 2;
-    if figures.len() % 2 == 0 { (figures[middle - 1] + figures[middle]) / 2.0 } else { figures[middle] }
+    if figures.len().is_multiple_of(2) { (figures[middle - 1] + figures[middle]) / 2.0 } else { figures[middle] }
+}
+
+/// The verdict of each run beside users, and of several runs at their medians (as the
+/// hindsight's fixed counts are judged).
+fn verdicts(runs: &[Beside], met: impl Fn(&Beside) -> String) -> String {
+    let each = cells(runs, &met);
+    if runs.len() > 1 { format!("{each} (medians: {})", met(&Beside::medians(runs))) } else { each }
 }
 
 /// One cell for several runs: each run's figure, `/`-separated.
@@ -383,10 +401,7 @@ async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
         for _ in 0..repeats() {
             runs.push(beside(member, Batch::Fixed(n), &serve::binary(), users).await);
         }
-        Beside {
-            p99_ratio: median(runs.iter().map(|run| run.p99_ratio)),
-            share: median(runs.iter().map(|run| run.share)),
-        }
+        Beside::medians(&runs)
     };
     let mut tried: Vec<(u32, Beside)> = Vec::new();
     for n in powers(member.places / 16, member.places * 2) {
@@ -488,7 +503,7 @@ fn main() {
                         cells(&runs, |run| format!("{:.2}×", run.p99_ratio)),
                         cells(&runs, |run| format!("{:.2}", run.share)),
                         cells(&runs, against),
-                        cells(&runs, met)
+                        verdicts(&runs, met)
                     ));
                 }
             }
