@@ -365,6 +365,15 @@ fn repeats() -> usize {
     std::env::var("FAMILY_REPEATS").ok().map_or(1, |v| v.parse::<usize>().expect("FAMILY_REPEATS: a count").max(1))
 }
 
+/// [`repeats`] windows of `run`, one after another.
+async fn windows<T, F: Future<Output = T>>(mut run: impl FnMut() -> F) -> Vec<T> {
+    let mut runs = Vec::new();
+    for _ in 0..repeats() {
+        runs.push(run().await);
+    }
+    runs
+}
+
 /// The median of some figures (of an even count, the mean of the middle two).
 fn median(figures: impl Iterator<Item = f64>) -> f64 {
     let mut figures: Vec<f64> = figures.collect();
@@ -396,13 +405,10 @@ fn measure_with_users() -> Duration {
 /// stands at their medians: picked from single windows, the best share within the bound
 /// is the luckiest window of a count on the bound's edge.
 async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
-    let fixed = |n| async move {
-        let mut runs = Vec::new();
-        for _ in 0..repeats() {
-            runs.push(beside(member, Batch::Fixed(n), &serve::binary(), users).await);
-        }
-        Beside::medians(&runs)
-    };
+    let nightshift = serve::binary();
+    let nightshift = nightshift.as_str();
+    let fixed =
+        |n| async move { Beside::medians(&windows(|| beside(member, Batch::Fixed(n), nightshift, users)).await) };
     let mut tried: Vec<(u32, Beside)> = Vec::new();
     for n in powers(member.places / 16, member.places * 2) {
         let result = fixed(n).await;
@@ -469,11 +475,10 @@ fn main() {
                 None => alone(member, &builds, &mut alone_rows).await,
             };
             for (users_name, pattern) in user_patterns(best) {
-                let mut alone = Vec::new();
-                for _ in 0..repeats() {
-                    alone.push(run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap().0);
-                }
-                let alone_p99 = median(alone.into_iter());
+                let alone = windows(|| async move {
+                    run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap().0
+                });
+                let alone_p99 = median(alone.await.into_iter());
                 let users = Users { pattern, alone_p99, capacity: best };
                 let (hindsight_cell, fixed) = match known {
                     Some(_) if !sweep_hindsight() => ("not run".to_owned(), None),
@@ -491,10 +496,7 @@ fn main() {
                     })
                 };
                 for build in &builds {
-                    let mut runs = Vec::new();
-                    for _ in 0..repeats() {
-                        runs.push(beside(member, Batch::Untuned, &build.binary, users).await);
-                    }
+                    let runs = windows(|| beside(member, Batch::Untuned, &build.binary, users)).await;
                     beside_rows.push(format!(
                         "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {} | {} | {} | {} |",
                         member.name,
