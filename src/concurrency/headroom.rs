@@ -15,10 +15,11 @@ pub const RESERVE_OVER: Duration = Duration::from_secs(5);
 /// before them: a dip is not a departure.
 pub const DIP: Duration = Duration::from_millis(250);
 /// Alone, the batch keeps this share of the server's places queued there (a line at
-/// least), where that pays ([`super::queue`] tries both): a place freed mid-step is filled
-/// at the next one, not a round trip later. A
-/// quarter, not an eighth or a half: at the family's 64-seq KV-bound simulator, whose
-/// preemptions come in cycles, both settled at 0.94 of the best fixed concurrency, a
+/// least), where that pays ([`super::queue`] tries both) and the places are what the
+/// server runs, not what its cache holds (there, none: `Headroom::bounded_places`): a
+/// place freed mid-step is filled at the next one, not a round trip later. A quarter,
+/// not an eighth or a half: at the family's 64-seq KV-bound simulator, when the queue
+/// came on top of its cache too, both settled at 0.94 of the best fixed concurrency, a
 /// quarter at 0.98.
 pub const QUEUE_ALONE: f64 = 0.25;
 /// Alone, before the server has queued anything, the cap is this times the lines in
@@ -148,16 +149,25 @@ impl Headroom {
     /// fullest mix, not the latest: lines that started together grow together, and a
     /// cohort of young ones leaves room that is gone once they are old. Beside other
     /// traffic, [`Self::new`]'s share of the cache (the newest preempted is most often a
-    /// user's); alone, all of it, and the queue on top ([`QUEUE_ALONE`]): held only by
-    /// the places it had seen run, a batch alone at the family's 256-seq KV-bound
-    /// simulator ran at 0.92 of fixed 128, preempting some 5,000 lines in 15 s, and at
-    /// 0.95–1.00 held by the cache (some 1,200); at the 64-seq one, whose best fixed count
-    /// is past its cache, 0.97–0.99 (0.98–1.02 before).
+    /// user's); alone, all of it: held only by the places it had seen run, a batch alone
+    /// at the family's 256-seq KV-bound simulator ran at 0.92 of fixed 128, preempting
+    /// some 5,000 lines in 15 s, and at 0.95–1.00 held by the cache (some 1,200).
+    ///
+    /// Where the cache bounds the places, a batch alone queues nothing on top of them
+    /// ([`QUEUE_ALONE`] is for places): the server takes a queued line in as soon as its
+    /// prompt fits, into room its running lines grow into, and preempts them. Past a
+    /// 30-s warm-up the queue took the 256-seq server to 0.95 of fixed 128 (some 2,200
+    /// preempted), and without it 0.98–0.99 (some 180); the 64-seq one, whose best fixed
+    /// count is past its cache, from 0.99–1.02 to 1.05–1.07 of it
+    /// (docs/src/night-shift-record.md#no-queue-where-the-cache-bounds-the-places).
     ///
     /// A batch alone has its cache bound only once it has seen the server full: before,
     /// it grows by what the server runs ([`GROWTH_ALONE`]), where a young cache would
     /// say hundreds of places at the first reading.
-    fn bounded_places(&self) -> Option<f64> {
+    ///
+    /// Returns the places, and whether the cache is what bounds them (the places the
+    /// server ran are more, or not known).
+    fn bounded_places(&self) -> Option<(f64, bool)> {
         let full = if self.alone { 1.0 } else { self.cache_full };
         let cache = self
             .fills
@@ -167,8 +177,9 @@ impl Headroom {
             .filter(|_| !self.alone || self.places.is_some())
             .map(|fill| full * fill);
         match (self.places, cache) {
-            (Some(places), Some(cache)) => Some(places.min(cache)),
-            (places, cache) => places.or(cache),
+            (Some(places), Some(cache)) => Some((places.min(cache), cache < places)),
+            (Some(places), None) => Some((places, false)),
+            (None, cache) => cache.map(|cache| (cache, true)),
         }
     }
 
@@ -209,13 +220,13 @@ impl Headroom {
                 spans.pop_front();
             }
         }
-        let Some(places) = self.bounded_places() else {
+        let Some((places, by_cache)) = self.bounded_places() else {
             let counted = (occupancy.running + occupancy.waiting).min(f64::from(occupancy.ours));
             let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
             return self.alone.then_some(grown.max(f64::from(rule::INITIAL)));
         };
         let free = if self.alone {
-            let queue = if self.unqueued { 0.0 } else { (QUEUE_ALONE * places).max(1.0) };
+            let queue = if self.unqueued || by_cache { 0.0 } else { (QUEUE_ALONE * places).max(1.0) };
             places + queue - occupancy.held_alone()
         } else {
             places - f64::from(occupancy.ours) - level - self.reserve()
@@ -413,14 +424,15 @@ mod tests {
         }
         assert_eq!(headroom.read(at(start, 5_400), kv(40.0, 0.0, 30, 0.8), 1.0), Some(30.0 + 47.5 - 30.0 - 10.0 - 1.0));
         // No other traffic for 5 s: the batch alone fills the whole cache, not 0.95 of
-        // it (30 lines fill it), and queues a quarter of that.
+        // it (30 lines fill it), and queues nothing there: the server would take a queued
+        // line in as soon as its prompt fits, into room the running ones grow into.
         for n in 55..=110 {
             headroom.read(at(start, n * 100), kv(30.0, 0.0, 30, 1.0), 1.0);
         }
         assert!(headroom.alone());
-        assert_eq!(headroom.read(at(start, 11_100), kv(30.0, 0.0, 30, 1.0), 1.0), Some(30.0 + 7.5));
+        assert_eq!(headroom.read(at(start, 11_100), kv(30.0, 0.0, 30, 1.0), 1.0), Some(30.0));
         // Younger for 5 s, the same 30 fill 0.4 of it (75 would fill it): up to the 64
-        // places the server ran, and their queue.
+        // places the server ran, and their queue (the places bound them, not the cache).
         for n in 112..=170 {
             headroom.read(at(start, n * 100), kv(30.0, 0.0, 30, 0.4), 1.0);
         }
