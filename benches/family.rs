@@ -405,8 +405,7 @@ fn measure_with_users() -> Duration {
 /// stands at their medians: picked from single windows, the best share within the bound
 /// is the luckiest window of a count on the bound's edge.
 async fn hindsight(member: &Member, users: Users) -> (u32, Beside) {
-    let nightshift = serve::binary();
-    let nightshift = nightshift.as_str();
+    let nightshift = &serve::binary();
     let fixed =
         |n| async move { Beside::medians(&windows(|| beside(member, Batch::Fixed(n), nightshift, users)).await) };
     let mut tried: Vec<(u32, Beside)> = Vec::new();
@@ -477,8 +476,9 @@ fn main() {
             for (users_name, pattern) in user_patterns(best) {
                 let alone = windows(|| async move {
                     run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap().0
-                });
-                let alone_p99 = median(alone.await.into_iter());
+                })
+                .await;
+                let alone_p99 = median(alone.into_iter());
                 let users = Users { pattern, alone_p99, capacity: best };
                 let (hindsight_cell, fixed) = match known {
                     Some(_) if !sweep_hindsight() => ("not run".to_owned(), None),
