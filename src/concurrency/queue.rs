@@ -7,7 +7,8 @@
 //! in the order with, without, without, with (a drift of the server's pace over the
 //! trial weighs on both alike), then the better for [`KEEP_FOR`], then a trial again.
 //! Pure: the caller passes the time, its finished counts and whether the server's count
-//! sets the batch's lines now (alone, with the places known).
+//! sets the batch's lines now (alone, with the places known, and bound by what the
+//! server ran rather than by its KV cache, where no queue is kept either way).
 //!
 //! The design: docs/src/night-shift-design.md#the-headroom-room-kept-for-the-users
 
@@ -70,9 +71,10 @@ impl QueueChoice {
         }
     }
 
-    /// Takes a look in (`filling`: the server's count sets the batch's lines now); returns
-    /// the trial's outcome when one ends at this look. A trial that the fill stops
-    /// governing is dropped: what it measured was not the queue's doing.
+    /// Takes a look in (`filling`: the server's count sets the batch's lines now, on top
+    /// of places a queue would be kept on); returns the trial's outcome when one ends at
+    /// this look. A trial that the fill stops governing is dropped: what it measured was
+    /// not the queue's doing.
     pub fn look(&mut self, now: Instant, counts: Counts, filling: bool) -> Option<Chosen> {
         if !filling {
             self.trial = None;

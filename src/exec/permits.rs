@@ -392,9 +392,12 @@ impl LoadCaps {
     }
 
     /// Whether the headroom keeps a queue of the batch's lines alone: as tried at this
-    /// server ([`crate::concurrency::queue`]).
+    /// server ([`crate::concurrency::queue`]), while the fill is what sets the batch's
+    /// lines and a queue would be kept on top of its places (not while they grow, nor
+    /// where the KV cache bounds them: both sides of a trial would be alike there).
     fn choose_queue(&mut self, upstream: &Upstream, now: std::time::Instant, filling: bool) {
-        if let Some(chosen) = self.queue.look(now, upstream.observed.counts(), filling) {
+        let trying = filling && self.headroom.queue_applies();
+        if let Some(chosen) = self.queue.look(now, upstream.observed.counts(), trying) {
             tracing::debug!(
                 upstream = %upstream.name, queue = chosen.queue, without = chosen.rates[0], with = chosen.rates[1],
                 "tried the batch alone with a queue at the server and without"
