@@ -132,11 +132,12 @@ impl Headroom {
         self.unqueued = !queue;
     }
 
-    /// Whether a batch alone would keep [`QUEUE_ALONE`] on top of the places now: they
-    /// are known, and what the server was seen to run bounds them, not its cache (the
-    /// queue is then none either way, and a trial of it compares two like sides).
-    pub fn queue_applies(&self) -> bool {
-        self.bounded_places().is_some_and(|(_, by_cache)| !by_cache)
+    /// The places a batch alone would keep [`QUEUE_ALONE`] on top of now: `None` until
+    /// they are known, and where the server's cache bounds them rather than what it was
+    /// seen to run (the queue is then none either way, and a trial of it compares two
+    /// like sides).
+    pub fn queue_places(&self) -> Option<f64> {
+        self.bounded_places().filter(|(_, by_cache)| !by_cache).map(|(places, _)| places)
     }
 
     /// The server's places as learned: the most it ran when it was full, or since.
@@ -354,10 +355,10 @@ mod tests {
         assert_eq!(headroom.read(at(start, 250), occupancy(1.0, 0.0, 13), 1.0), Some(13.0));
         assert_eq!(headroom.read(at(start, 260), occupancy(1.0, 0.0, 13), 1.0), Some(13.0));
         assert_eq!(headroom.read(at(start, 270), occupancy(12.0, 0.0, 13), 1.0), Some(18.0));
-        assert!(!headroom.queue_applies(), "no places yet to queue on top of");
+        assert_eq!(headroom.queue_places(), None, "no places yet to queue on top of");
         // It queues 2 of 18: 16 places, and 4 (a quarter of them) to queue.
         assert_eq!(headroom.read(at(start, 300), occupancy(16.0, 2.0, 18), 1.0), Some(20.0));
-        assert!(headroom.queue_applies());
+        assert_eq!(headroom.queue_places(), Some(16.0));
         // A young cache says more places than the server has: alone, it bounds them only
         // once the server was seen full (8 lines that fill 2% of it would be 400).
         let young =
@@ -440,14 +441,14 @@ mod tests {
         }
         assert!(headroom.alone());
         assert_eq!(headroom.read(at(start, 11_100), kv(30.0, 0.0, 30, 1.0), 1.0), Some(30.0));
-        assert!(!headroom.queue_applies(), "no queue to try where the cache bounds the places");
+        assert_eq!(headroom.queue_places(), None, "no queue to try where the cache bounds the places");
         // Younger for 5 s, the same 30 fill 0.4 of it (75 would fill it): up to the 64
         // places the server ran, and their queue (the places bound them, not the cache).
         for n in 112..=170 {
             headroom.read(at(start, n * 100), kv(30.0, 0.0, 30, 0.4), 1.0);
         }
         assert_eq!(headroom.read(at(start, 17_100), kv(30.0, 0.0, 30, 0.4), 1.0), Some(64.0 + 16.0));
-        assert!(headroom.queue_applies());
+        assert_eq!(headroom.queue_places(), Some(64.0));
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! it. Which one a server is cannot be told from its metrics, so the batch measures: windows with the queue and without,
 //! in the order with, without, without, with (a drift of the server's pace over the
 //! trial weighs on both alike), then the better for [`KEEP_FOR`], then a trial again.
-//! Pure: the caller passes the time, its finished counts and whether the server's count
-//! sets the batch's lines now (alone, with the places known, and bound by what the
-//! server ran rather than by its KV cache, where no queue is kept either way).
+//! A trial starts once the lines have turned over (as many finished as the places) since
+//! the server's count came to set the batch's lines: the lines that filled the places
+//! together finish unevenly at first, and would weigh on the first window's side alone.
+//! Pure: the caller passes the time, its finished counts and, where the server's count
+//! sets the batch's lines now, the places (alone, with the places known, and bound by
+//! what the server ran rather than by its KV cache, where no queue is kept either way).
 //!
 //! The design: docs/src/night-shift-design.md#the-headroom-room-kept-for-the-users
 
@@ -60,6 +63,9 @@ pub struct QueueChoice {
     trial: Option<Trial>,
     /// The counts at the look before.
     last: Option<Counts>,
+    /// The counts when the server's count came to set the batch's lines (`None` while it
+    /// does not).
+    filling_from: Option<Counts>,
     /// The last trial's outcome, and when it ended.
     chosen: Option<(Chosen, Instant)>,
 }
@@ -74,22 +80,24 @@ impl QueueChoice {
         }
     }
 
-    /// Takes a look in (`filling`: the server's count sets the batch's lines now, on top
-    /// of places a queue would be kept on); returns the trial's outcome when one ends at
-    /// this look. A trial that the fill stops governing is dropped: what it measured was
-    /// not the queue's doing.
-    pub fn look(&mut self, now: Instant, counts: Counts, filling: bool) -> Option<Chosen> {
+    /// Takes a look in (`places`: where the server's count sets the batch's lines now,
+    /// the places a queue would be kept on top of); returns the trial's outcome when one
+    /// ends at this look. A trial that the fill stops governing is dropped: what it
+    /// measured was not the queue's doing.
+    pub fn look(&mut self, now: Instant, counts: Counts, places: Option<f64>) -> Option<Chosen> {
         // A window opens and closes at a look that saw lines finish: the family's
         // simulators finish a step's lines together, a cohort of the places at a time,
         // and a window cut between cohorts holds two of them or three (the CPU-like one's
         // trials measured 410 tokens/s a side where it runs 478). Cut at cohorts, it
         // holds whole ones; where lines finish at every look, nothing changes.
         let finished = self.last.replace(counts).is_some_and(|last| counts.lines > last.lines);
-        if !filling {
+        let Some(places) = places else {
             self.trial = None;
+            self.filling_from = None;
             return None;
-        }
-        let due = self.chosen.is_none_or(|(_, at)| now.saturating_duration_since(at) >= KEEP_FOR);
+        };
+        let turned_over = counts.since(self.filling_from.get_or_insert(counts)).lines as f64 >= places;
+        let due = turned_over && self.chosen.is_none_or(|(_, at)| now.saturating_duration_since(at) >= KEEP_FOR);
         let trial = match &mut self.trial {
             Some(trial) => trial,
             None if due => self.trial.insert(Trial {
@@ -138,9 +146,9 @@ impl QueueChoice {
 mod tests {
     use super::*;
 
-    /// A server that finishes `per_sec[queue]` lines of 10 tokens a second: looks every
-    /// 100 ms from `start` for `secs`, filling; returns the outcomes and the side of
-    /// every look.
+    /// A server of 4 places that finishes `per_sec[queue]` lines of 10 tokens a second:
+    /// looks every 100 ms from `start` for `secs`, filling; returns the outcomes and the
+    /// side of every look.
     fn run(choice: &mut QueueChoice, start: Instant, secs: u64, per_sec: [f64; 2]) -> (Vec<Chosen>, Vec<bool>) {
         let (mut finished, mut outcomes, mut sides) = (0.0, Vec::new(), Vec::new());
         for n in 0..secs * 10 {
@@ -148,7 +156,7 @@ mod tests {
             sides.push(side);
             finished += per_sec[usize::from(side)] / 10.0;
             let counts = Counts { lines: finished as u64, tokens: 10 * finished as u64, overloads: 0 };
-            outcomes.extend(choice.look(start + Duration::from_millis(100 * n), counts, true));
+            outcomes.extend(choice.look(start + Duration::from_millis(100 * n), counts, Some(4.0)));
         }
         (outcomes, sides)
     }
@@ -182,7 +190,7 @@ mod tests {
                 let at = Duration::from_millis(offset + 50 * n);
                 let cohorts = (at.as_secs_f64() / period.as_secs_f64()).floor() as u64;
                 let counts = Counts { lines: 16 * cohorts, tokens: 16 * 32 * cohorts, overloads: 0 };
-                outcomes.extend(choice.look(start + Duration::from_millis(50 * n), counts, true));
+                outcomes.extend(choice.look(start + Duration::from_millis(50 * n), counts, Some(16.0)));
             }
             let chosen = outcomes.first().expect("a trial ended");
             let per_sec = 16.0 * 32.0 / period.as_secs_f64();
@@ -190,6 +198,24 @@ mod tests {
                 assert!((rate / per_sec - 1.0).abs() < 0.03, "offset {offset} ms: {chosen:?}, {per_sec}");
             }
             assert!(chosen.queue, "offset {offset} ms: {chosen:?}");
+        }
+    }
+
+    #[test]
+    fn a_trial_waits_until_the_lines_that_filled_the_places_have_turned_over() {
+        // 16 places filled together, and their lines finish unevenly: the first 16 at
+        // 8 a second, then 30 a second with the queue or without.
+        let start = Instant::now();
+        let (mut choice, mut finished, mut outcomes) = (QueueChoice::default(), 0.0, Vec::new());
+        for n in 0..300 {
+            finished += if finished < 16.0 { 0.8 } else { 3.0 };
+            let counts = Counts { lines: finished as u64, tokens: 10 * finished as u64, overloads: 0 };
+            outcomes.extend(choice.look(start + Duration::from_millis(100 * n), counts, Some(16.0)));
+        }
+        let chosen = outcomes.first().expect("a trial ended");
+        assert!(chosen.queue, "{chosen:?}");
+        for rate in chosen.rates {
+            assert!((rate / 300.0 - 1.0).abs() < 0.03, "{chosen:?}");
         }
     }
 
@@ -228,10 +254,10 @@ mod tests {
         // Users came in the middle of a trial: it is dropped, and starts over when they go.
         let mut choice = QueueChoice::default();
         let counts = Counts::default();
-        choice.look(start, counts, true);
-        choice.look(start + Duration::from_secs(1), counts, true);
+        choice.look(start, counts, Some(0.0));
+        choice.look(start + Duration::from_secs(1), counts, Some(0.0));
         assert!(choice.trial.is_some());
-        assert_eq!(choice.look(start + Duration::from_secs(2), counts, false), None);
+        assert_eq!(choice.look(start + Duration::from_secs(2), counts, None), None);
         assert!(choice.trial.is_none() && choice.queue());
     }
 }

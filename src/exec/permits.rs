@@ -396,8 +396,8 @@ impl LoadCaps {
     /// lines and a queue would be kept on top of its places (not while they grow, nor
     /// where the KV cache bounds them: both sides of a trial would be alike there).
     fn choose_queue(&mut self, upstream: &Upstream, now: std::time::Instant, filling: bool) {
-        let trying = filling && self.headroom.queue_applies();
-        if let Some(chosen) = self.queue.look(now, upstream.observed.counts(), trying) {
+        let places = self.headroom.queue_places().filter(|_| filling);
+        if let Some(chosen) = self.queue.look(now, upstream.observed.counts(), places) {
             tracing::debug!(
                 upstream = %upstream.name, queue = chosen.queue, without = chosen.rates[0], with = chosen.rates[1],
                 "tried the batch alone with a queue at the server and without"
