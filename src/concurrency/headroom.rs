@@ -228,13 +228,14 @@ impl Headroom {
                 spans.pop_front();
             }
         }
-        let Some((places, by_cache)) = self.bounded_places() else {
+        let Some((places, _)) = self.bounded_places() else {
             let counted = (occupancy.running + occupancy.waiting).min(f64::from(occupancy.ours));
             let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
             return self.alone.then_some(grown.max(f64::from(rule::INITIAL)));
         };
         let free = if self.alone {
-            let queue = if self.unqueued || by_cache { 0.0 } else { (QUEUE_ALONE * places).max(1.0) };
+            let queue =
+                self.queue_places().filter(|_| !self.unqueued).map_or(0.0, |places| (QUEUE_ALONE * places).max(1.0));
             places + queue - occupancy.held_alone()
         } else {
             places - f64::from(occupancy.ours) - level - self.reserve()
