@@ -17,8 +17,12 @@
 //!    capacity): users' p99 with no batch; then fixed concurrencies beside the same
 //!    users, and the hindsight best: the largest share of the idle capacity that a fixed
 //!    concurrency reaches while keeping users' p99 within 1.2× (where none does, the one
-//!    with the lowest p99). Then untuned: users' p99 against theirs alone, its share, and
-//!    that share against the hindsight best's.
+//!    with the lowest p99). Then rounds: the users alone again, the hindsight's count
+//!    again and untuned, one after another. Untuned is judged twice: against the sweep
+//!    (users' p99 against theirs alone before it, its share against the hindsight
+//!    best's), and round by round against the users alone and the hindsight's count
+//!    of its own round, where a server's drift weighs on all three alike, window by
+//!    window and pooled (the users' p99 over all the rounds' requests).
 //!
 //! Every run starts a fresh server and a fresh `serve` (release build, or
 //! `NIGHTSHIFT_BINARY`): no run inherits another's queue. Batch tokens are counted from
@@ -224,12 +228,14 @@ fn secs(name: &str, default: u64) -> Duration {
 }
 
 /// What one run measured.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Outcome {
     /// Batch output tokens/s.
     batch: f64,
     /// Users' p99 (s) and output tokens/s, if there were users.
     users: Option<(f64, f64)>,
+    /// Every user's request's latency (s), to pool with other runs'.
+    latencies: Vec<f64>,
     /// Sequences the server preempted over the whole run (simulators only: their work is
     /// thrown away), and the batch's requests it dropped when they were taken back
     /// (users never hang up).
@@ -270,17 +276,17 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
         Server::Engine(_) => None,
     };
     drop(serve);
-    let users = match users {
+    let (users, latencies) = match users {
         Some(users) => {
             let latencies = users.stop().await;
             if latencies.failed > 0 {
                 println!("  ({} users' requests failed)", latencies.failed);
             }
-            Some((latencies.percentile(99.0), latencies.tokens as f64 / elapsed))
+            (Some((latencies.percentile(99.0), latencies.tokens as f64 / elapsed)), latencies.seconds)
         }
-        None => None,
+        None => (None, Vec::new()),
     };
-    Outcome { batch: (after - before) * f64::from(BATCH_TOKENS) / elapsed, users, preempted }
+    Outcome { batch: (after - before) * f64::from(BATCH_TOKENS) / elapsed, users, latencies, preempted }
 }
 
 /// Fixed concurrencies to try: powers of two from `from` to `to` (at least 1).
@@ -325,6 +331,20 @@ struct Beside {
 }
 
 impl Beside {
+    /// This run's figures with its users' p99 against `to` instead of `from`.
+    fn against(self, from: f64, to: f64) -> Beside {
+        Beside { p99_ratio: self.p99_ratio * from / to, ..self }
+    }
+
+    /// Whether this run meets the target against the hindsight: the sweep's figures say
+    /// whether a fixed count kept users within the bound (then the bound is the bar,
+    /// else that count's p99 in `fixed`, the run to hold this one against), and the
+    /// share is held against `fixed`'s.
+    fn meets(&self, sweep: &Beside, fixed: &Beside) -> bool {
+        let bar = if sweep.p99_ratio <= P99_BOUND { P99_BOUND } else { fixed.p99_ratio.max(P99_BOUND) };
+        self.p99_ratio <= bar && self.share >= 0.9 * fixed.share
+    }
+
     /// Several runs' p99 ratios and shares, each at its median.
     fn medians(runs: &[Beside]) -> Beside {
         Beside {
@@ -344,6 +364,16 @@ struct Users {
 }
 
 async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -> Beside {
+    window(member, batch, nightshift, users).await.beside
+}
+
+/// One window beside users: its figures, and the users' latencies in it.
+struct Window {
+    beside: Beside,
+    latencies: Vec<f64>,
+}
+
+async fn window(member: &Member, batch: Batch, nightshift: &str, users: Users) -> Window {
     let outcome = run(&member.kind, Some((batch, nightshift)), Some(users.pattern), measure_with_users()).await;
     let (p99, used) = outcome.users.expect("users ran");
     let beside = Beside { p99_ratio: p99 / users.alone_p99, share: outcome.batch / (users.capacity - used).max(1.0) };
@@ -354,7 +384,7 @@ async fn beside(member: &Member, batch: Batch, nightshift: &str, users: Users) -
         beside.share,
         preempted(&outcome)
     );
-    beside
+    Window { beside, latencies: outcome.latencies }
 }
 
 /// `FAMILY_REPEATS`: untuned runs per build and member (default 1), each a cell of its
@@ -392,6 +422,97 @@ fn verdicts(runs: &[Beside], met: impl Fn(&Beside) -> String) -> String {
 /// One cell for several runs: each run's figure, `/`-separated.
 fn cells<T>(runs: &[T], cell: impl Fn(&T) -> String) -> String {
     runs.iter().map(cell).collect::<Vec<_>>().join(" / ")
+}
+
+/// One round beside users: the users' latencies alone, the hindsight's count beside them
+/// (where it was swept) and every build's untuned window, each against that round's
+/// users alone.
+struct Round {
+    alone: Vec<f64>,
+    fixed: Option<Window>,
+    builds: Vec<Window>,
+}
+
+/// [`repeats`] rounds beside `users`. A server's pace drifts over a bench run
+/// (llama-server's users alone had a p99 of 236 ms in one run and 452 ms in another):
+/// judged against figures from its own round, an untuned window is not held against a
+/// hindsight swept minutes earlier on a faster or slower server.
+async fn rounds(member: &Member, users: Users, hindsight: Option<u32>, builds: &[Build]) -> Vec<Round> {
+    let mut rounds = Vec::new();
+    for _ in 0..repeats() {
+        let alone = run(&member.kind, None, Some(users.pattern), measure_with_users()).await.latencies;
+        eprintln!("  {}: users alone: p99 {:.0} ms", member.name, p99(&alone) * 1000.0);
+        let users = Users { alone_p99: p99(&alone), ..users };
+        let fixed = match hindsight {
+            Some(n) => Some(window(member, Batch::Fixed(n), &serve::binary(), users).await),
+            None => None,
+        };
+        let mut runs = Vec::new();
+        for build in builds {
+            runs.push(window(member, Batch::Untuned, &build.binary, users).await);
+        }
+        rounds.push(Round { alone, fixed, builds: runs });
+    }
+    rounds
+}
+
+/// The 99th percentile of some latencies (s), by nearest rank.
+fn p99(seconds: &[f64]) -> f64 {
+    interactive::Latencies { seconds: seconds.to_vec(), failed: 0, tokens: 0 }.percentile(99.0)
+}
+
+/// Windows pooled: the users' p99 over all their requests against that of the users
+/// alone over all theirs, and the batch's mean share. A 30-s window holds 100–200 user
+/// requests, so its p99 is the second or third worst of them: the users alone of one
+/// simulated server, whose steps never vary, gave 334 ms in one window and 494 ms in
+/// the next. Pooled, three windows' p99 is the fifth worst or so.
+fn pooled<'a>(alone: impl Iterator<Item = &'a Vec<f64>>, windows: &[&Window]) -> Beside {
+    let alone: Vec<f64> = alone.flatten().copied().collect();
+    let beside: Vec<f64> = windows.iter().flat_map(|window| window.latencies.iter().copied()).collect();
+    Beside {
+        p99_ratio: p99(&beside) / p99(&alone),
+        share: windows.iter().map(|window| window.beside.share).sum::<f64>() / windows.len() as f64,
+    }
+}
+
+/// A build's row of the round-by-round table: each round's figures and their pool, and
+/// the verdict of each against the hindsight's count run in its round (and of the
+/// pools).
+fn round_row(
+    member: &Member,
+    users: &str,
+    build: &str,
+    rounds: &[Round],
+    index: usize,
+    sweep: Option<Beside>,
+) -> String {
+    let fixed: Vec<&Window> = rounds.iter().filter_map(|round| round.fixed.as_ref()).collect();
+    let runs: Vec<&Window> = rounds.iter().map(|round| &round.builds[index]).collect();
+    let pools = (
+        pooled(rounds.iter().map(|round| &round.alone), &runs),
+        pooled(rounds.iter().map(|round| &round.alone), &fixed),
+    );
+    let figures = |run: &Beside| format!("{:.2}× at {:.2}", run.p99_ratio, run.share);
+    let each = |windows: &[&Window], pool: &Beside| {
+        format!("{} (pooled: {})", cells(windows, |window| figures(&window.beside)), figures(pool))
+    };
+    let met = match sweep.filter(|_| !fixed.is_empty()) {
+        Some(sweep) => {
+            let each = cells(&runs.iter().zip(&fixed).collect::<Vec<_>>(), |(run, fixed)| {
+                verdict(run.beside.meets(&sweep, &fixed.beside))
+            });
+            format!("{each} (pooled: {})", verdict(pools.0.meets(&sweep, &pools.1)))
+        }
+        None => "—".to_owned(),
+    };
+    format!(
+        "| {} | {users} | {build} | {} (pooled: {:.0} ms) | {} | {} | {met} |",
+        member.name,
+        cells(rounds, |round| format!("{:.0} ms", p99(&round.alone) * 1000.0)),
+        p99(&rounds.iter().flat_map(|round| round.alone.iter().copied()).collect::<Vec<_>>()) * 1000.0,
+        if fixed.is_empty() { "not run".to_owned() } else { each(&fixed, &pools.1) },
+        each(&runs, &pools.0)
+    )
 }
 
 fn measure_with_users() -> Duration {
@@ -467,6 +588,7 @@ fn main() {
         let builds = builds();
         let mut alone_rows = Vec::new();
         let mut beside_rows = Vec::new();
+        let mut round_rows = Vec::new();
         let known: Option<f64> = std::env::var("FAMILY_CAPACITY").ok().map(|v| v.parse().expect("FAMILY_CAPACITY: tokens/s"));
         for member in &members {
             let best = match known {
@@ -484,19 +606,22 @@ fn main() {
                     Some(_) if !sweep_hindsight() => ("not run".to_owned(), None),
                     _ => {
                         let (n, fixed) = hindsight(member, users).await;
-                        (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), Some(fixed))
+                        (format!("fixed {n}: {:.2}× at {:.2}", fixed.p99_ratio, fixed.share), Some((n, fixed)))
                     }
                 };
                 // Where no fixed concurrency keeps the bound, the best one's p99 is the bar;
                 // with no hindsight, there is nothing to hold the share against.
-                let against = |run: &Beside| fixed.map_or("—".to_owned(), |fixed| format!("{:.2}", run.share / fixed.share));
-                let met = |run: &Beside| {
-                    fixed.map_or("—".to_owned(), |fixed| {
-                        verdict(run.p99_ratio <= fixed.p99_ratio.max(P99_BOUND) && run.share >= 0.9 * fixed.share)
-                    })
-                };
-                for build in &builds {
-                    let runs = windows(|| beside(member, Batch::Untuned, &build.binary, users)).await;
+                let against =
+                    |run: &Beside| fixed.map_or("—".to_owned(), |(_, fixed)| format!("{:.2}", run.share / fixed.share));
+                let met = |run: &Beside| fixed.map_or("—".to_owned(), |(_, fixed)| verdict(run.meets(&fixed, &fixed)));
+                // Each round: the users alone, the hindsight's count again, then every build,
+                // so that a server whose pace drifts weighs on them alike.
+                let rounds = rounds(member, users, fixed.map(|(n, _)| n), &builds).await;
+                for (index, build) in builds.iter().enumerate() {
+                    let runs: Vec<Beside> = rounds
+                        .iter()
+                        .map(|round| round.builds[index].beside.against(p99(&round.alone), alone_p99))
+                        .collect();
                     beside_rows.push(format!(
                         "| {} | {users_name} | {:.0} ms | {hindsight_cell} | {} | {} | {} | {} | {} |",
                         member.name,
@@ -507,6 +632,7 @@ fn main() {
                         cells(&runs, against),
                         verdicts(&runs, met)
                     ));
+                    round_rows.push(round_row(member, &users_name, build.name, &rounds, index, fixed.map(|(_, f)| f)));
                 }
             }
         }
@@ -522,6 +648,10 @@ fn main() {
         );
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         beside_rows.iter().for_each(|row| println!("{row}"));
+        println!("\n## Beside users, round by round: each against the users alone and the hindsight's count in its round");
+        println!("| server | users | build | users' p99 alone | hindsight's count again: p99, share | untuned: p99, share | met in its round |");
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        round_rows.iter().for_each(|row| println!("{row}"));
     });
 }
 
