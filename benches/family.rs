@@ -39,8 +39,10 @@
 //! tokens/s, from an earlier run: skips the runs alone and the hindsight, for a quick
 //! look at untuned beside users; `FAMILY_HINDSIGHT=1` still sweeps the hindsight beside
 //! them), `FAMILY_REPEATS` (rounds: untuned runs per build, each a cell, and beside
-//! users a verdict of them all at their medians; the users' p99 alone and each fixed
-//! count of the hindsight stand at the median of as many windows: default 1).
+//! users a verdict of them all at their medians and pooled; the users' p99 alone and
+//! each fixed count of the hindsight's sweep stand at the median of as many windows,
+//! and beside users each round runs the users alone and the hindsight's count again:
+//! default 1).
 
 #[allow(dead_code)]
 #[path = "../tests/common/engine.rs"]
@@ -488,20 +490,17 @@ fn round_row(
 ) -> String {
     let fixed: Vec<&Window> = rounds.iter().filter_map(|round| round.fixed.as_ref()).collect();
     let runs: Vec<&Window> = rounds.iter().map(|round| &round.builds[index]).collect();
-    let pools = (
-        pooled(rounds.iter().map(|round| &round.alone), &runs),
-        pooled(rounds.iter().map(|round| &round.alone), &fixed),
-    );
+    let pool = |windows: &[&Window]| pooled(rounds.iter().map(|round| &round.alone), windows);
     let figures = |run: &Beside| format!("{:.2}× at {:.2}", run.p99_ratio, run.share);
-    let each = |windows: &[&Window], pool: &Beside| {
-        format!("{} (pooled: {})", cells(windows, |window| figures(&window.beside)), figures(pool))
+    let each = |windows: &[&Window]| {
+        format!("{} (pooled: {})", cells(windows, |window| figures(&window.beside)), figures(&pool(windows)))
     };
     let met = match sweep.filter(|_| !fixed.is_empty()) {
         Some(sweep) => {
             let each = cells(&runs.iter().zip(&fixed).collect::<Vec<_>>(), |(run, fixed)| {
                 verdict(run.beside.meets(&sweep, &fixed.beside))
             });
-            format!("{each} (pooled: {})", verdict(pools.0.meets(&sweep, &pools.1)))
+            format!("{each} (pooled: {})", verdict(pool(&runs).meets(&sweep, &pool(&fixed))))
         }
         None => "—".to_owned(),
     };
@@ -510,8 +509,8 @@ fn round_row(
         member.name,
         cells(rounds, |round| format!("{:.0} ms", p99(&round.alone) * 1000.0)),
         p99(&rounds.iter().flat_map(|round| round.alone.iter().copied()).collect::<Vec<_>>()) * 1000.0,
-        if fixed.is_empty() { "not run".to_owned() } else { each(&fixed, &pools.1) },
-        each(&runs, &pools.0)
+        if fixed.is_empty() { "not run".to_owned() } else { each(&fixed) },
+        each(&runs)
     )
 }
 
