@@ -234,9 +234,9 @@ fn secs(name: &str, default: u64) -> Duration {
 struct Outcome {
     /// Batch output tokens/s.
     batch: f64,
-    /// Users' p99 (s) and output tokens/s, if there were users.
-    users: Option<(f64, f64)>,
-    /// Every user's request's latency (s), to pool with other runs'.
+    /// Users' output tokens/s, if there were users.
+    users: Option<f64>,
+    /// Every user's request's latency (s): their p99, and pooled with other runs'.
     latencies: Vec<f64>,
     /// Sequences the server preempted over the whole run (simulators only: their work is
     /// thrown away), and the batch's requests it dropped when they were taken back
@@ -284,7 +284,7 @@ async fn run(kind: &Kind, batch: Option<(Batch, &str)>, users: Option<Pattern>, 
             if latencies.failed > 0 {
                 println!("  ({} users' requests failed)", latencies.failed);
             }
-            (Some((latencies.percentile(99.0), latencies.tokens as f64 / elapsed)), latencies.seconds)
+            (Some(latencies.tokens as f64 / elapsed), latencies.seconds)
         }
         None => (None, Vec::new()),
     };
@@ -377,8 +377,11 @@ struct Window {
 
 async fn window(member: &Member, batch: Batch, nightshift: &str, users: Users) -> Window {
     let outcome = run(&member.kind, Some((batch, nightshift)), Some(users.pattern), measure_with_users()).await;
-    let (p99, used) = outcome.users.expect("users ran");
-    let beside = Beside { p99_ratio: p99 / users.alone_p99, share: outcome.batch / (users.capacity - used).max(1.0) };
+    let used = outcome.users.expect("users ran");
+    let beside = Beside {
+        p99_ratio: p99(&outcome.latencies) / users.alone_p99,
+        share: outcome.batch / (users.capacity - used).max(1.0),
+    };
     eprintln!(
         "  {}: {batch:?} beside users: p99 {:.2}×, share {:.2}{}",
         member.name,
@@ -443,8 +446,9 @@ async fn rounds(member: &Member, users: Users, hindsight: Option<u32>, builds: &
     let mut rounds = Vec::new();
     for _ in 0..repeats() {
         let alone = run(&member.kind, None, Some(users.pattern), measure_with_users()).await.latencies;
-        eprintln!("  {}: users alone: p99 {:.0} ms", member.name, p99(&alone) * 1000.0);
-        let users = Users { alone_p99: p99(&alone), ..users };
+        let alone_p99 = p99(&alone);
+        eprintln!("  {}: users alone: p99 {:.0} ms", member.name, alone_p99 * 1000.0);
+        let users = Users { alone_p99, ..users };
         let fixed = match hindsight {
             Some(n) => Some(window(member, Batch::Fixed(n), &serve::binary(), users).await),
             None => None,
@@ -596,7 +600,7 @@ fn main() {
             };
             for (users_name, pattern) in user_patterns(best) {
                 let alone = windows(|| async move {
-                    run(&member.kind, None, Some(pattern), measure_with_users()).await.users.unwrap().0
+                    p99(&run(&member.kind, None, Some(pattern), measure_with_users()).await.latencies)
                 })
                 .await;
                 let alone_p99 = median(alone.into_iter());
