@@ -7,8 +7,6 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::rule;
-
 /// The reserve covers what other traffic grew by between two readings over this span.
 pub const RESERVE_OVER: Duration = Duration::from_secs(5);
 /// Other traffic counts at the most that the readings of this span saw, and the one
@@ -23,13 +21,20 @@ pub const DIP: Duration = Duration::from_millis(250);
 /// quarter at 0.98.
 pub const QUEUE_ALONE: f64 = 0.25;
 /// Alone, before the server has queued anything, the cap is this times the lines in
-/// flight that the server counts (the lines in flight, and the throughput rule's start,
-/// at least): a server that runs all it is sent has room for more, and with nobody else
-/// there an overshoot costs a short queue of the batch's own lines, which shows the
-/// places. Lines it has not counted yet are kept and add nothing: llama-server's count
-/// lags its requests. A cap grown on what was sent, every reading, had 18 lines at 4
-/// slots before the server counted 8; one grown by half the lines counted on top of
-/// those in flight still climbed a line a reading while it counted 2, to 12.
+/// flight that the server counts (the lines in flight, and the probe's line, at least):
+/// a server that runs all it is sent has room for more, and with nobody else there an
+/// overshoot costs a short queue of the batch's own lines, which shows the places. Lines
+/// it has not counted yet are kept and add nothing: llama-server's count lags its
+/// requests. A cap grown on what was sent, every reading, had 18 lines at 4 slots before
+/// the server counted 8; one grown by half the lines counted on top of those in flight
+/// still climbed a line a reading while it counted 2, to 12.
+///
+/// From the probe's line, not the throughput rule's start of 8: a slow server's users
+/// come and go, and a fresh `serve` whose first readings saw none of them took
+/// llama-server's small model with 4 slots for its batch's alone; the 8 lines ran some
+/// 10 s there, and every user who came queued behind them (a line taken back from
+/// llama-server's queue runs all the same). From one line, a server of 256 places fills
+/// five readings (half a second) later than from 8.
 pub const GROWTH_ALONE: f64 = 1.5;
 
 /// One reading of the server, with this process's batch requests.
@@ -231,7 +236,7 @@ impl Headroom {
         let Some((places, _)) = self.bounded_places() else {
             let counted = (occupancy.running + occupancy.waiting).min(f64::from(occupancy.ours));
             let grown = (GROWTH_ALONE * counted).max(f64::from(occupancy.in_flight));
-            return self.alone.then_some(grown.max(f64::from(rule::INITIAL)));
+            return self.alone.then_some(grown.max(f64::from(super::PROBE_LINES)));
         };
         let free = if self.alone {
             let queue =
@@ -348,7 +353,7 @@ mod tests {
     fn alone_the_cap_grows_by_half_a_reading_until_the_server_queues() {
         let start = Instant::now();
         let mut headroom = Headroom::default();
-        assert_eq!(headroom.read(at(start, 0), occupancy(0.0, 0.0, 0), 1.0), Some(8.0), "the rule's start");
+        assert_eq!(headroom.read(at(start, 0), occupancy(0.0, 0.0, 0), 1.0), Some(1.0), "the probe's line");
         assert_eq!(headroom.read(at(start, 100), occupancy(8.0, 0.0, 8), 1.0), Some(12.0));
         // Lines on their way in are kept, but add nothing until the server counts them,
         // however many readings it takes.

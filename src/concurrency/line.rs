@@ -38,6 +38,13 @@ impl Line {
         self.cov * self.cov / (self.var_x * self.var_y)
     }
 
+    /// The slope's standard error: the spread of what the line leaves unexplained, over
+    /// the spread of x (0 where it explains everything).
+    pub fn slope_error(&self) -> f64 {
+        let unexplained = (self.var_y - self.cov * self.cov / self.var_x).max(0.0);
+        (unexplained / ((self.n - 2.0) * self.var_x)).sqrt()
+    }
+
     /// The square of the slope's t: R² (n − 2) / (1 − R²).
     pub fn t_squared(&self) -> f64 {
         let explained = self.explained();

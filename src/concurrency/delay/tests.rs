@@ -8,7 +8,8 @@ const READING: Duration = Duration::from_millis(100);
 
 /// A server whose step takes `fixed + per_sequence × sequences` ms, running users
 /// whose number goes round `users`, and a batch that keeps its cap's lines in flight
-/// (the throughput rule's 64 without one, one at least: the probe), each of 32 tokens.
+/// (the throughput rule's 64 without one, one at least: the probe), each of 32 tokens,
+/// from the second reading on: the server is read before the batch's first line.
 struct Server {
     fixed: f64,
     per_sequence: f64,
@@ -42,6 +43,9 @@ impl Server {
     }
 
     fn in_flight(&self) -> u32 {
+        if self.readings == 0 {
+            return 0;
+        }
         self.delay.cap().unwrap_or(LIMIT).clamp(1, LIMIT)
     }
 
@@ -52,8 +56,8 @@ impl Server {
     /// One reading's span of it (users change every second); returns the cap after.
     fn read(&mut self) -> Option<u32> {
         let users = self.users[self.readings / 10 % self.users.len()];
-        self.readings += 1;
         let in_flight = self.in_flight();
+        self.readings += 1;
         let step_ms = self.step_ms(users, in_flight);
         let tokens = f64::from(in_flight) * READING.as_secs_f64() * 1000.0 / step_ms;
         self.tokens += tokens;
@@ -142,8 +146,10 @@ fn a_slope_many_samples_agree_on_is_a_pace_though_noise_is_most_of_the_pace() {
     assert!(explained < FIT_EXPLAINS, "noise is most of it: R² {explained}");
     let Fit::Pace(pace) = fit(&many) else { panic!("a pace: {:?}", fit(&many)) };
     assert!((pace.per_sequence / 2000.0 - 1.0).abs() < 0.3, "{pace:?}");
-    // Eight such samples could be an accident.
-    assert_eq!(fit(&samples(8)), Fit::Flat);
+    // Eight such samples could be an accident: they only bound the slope, steeper than
+    // the server's.
+    let Fit::Bound(bound) = fit(&samples(8)) else { panic!("a bound: {:?}", fit(&samples(8))) };
+    assert!(bound.per_sequence > 2000.0, "{bound:?}");
 }
 
 #[test]
@@ -156,18 +162,25 @@ fn alone_nothing_is_held_however_slow_the_steps() {
 fn on_steps_that_hardly_slow_the_batch_is_not_held() {
     // A large server: 20 ms + 10 µs a sequence, 256 of them a step an eighth longer.
     let mut server = Server::new(20.0, 0.01, &[20, 40, 60, 40]);
-    assert!(server.settle(120).iter().all(Option::is_none));
+    let caps = server.settle(120);
+    // The probe's line while the samples come (a line's four a sample, at 0.65 s a
+    // line: the most it waits for them), then nothing.
+    let learned = caps.iter().position(Option::is_none).expect("let go");
+    assert!(caps[..learned].iter().all(|cap| *cap == Some(0)), "{caps:?}");
+    assert!(learned <= 1 + LEARN_AT_MOST.as_millis() as usize / 100, "{learned}");
+    assert!(caps[learned..].iter().all(Option::is_none), "{caps:?}");
 }
 
 #[test]
-fn a_steady_batch_steps_down_once_to_learn_the_slope_and_keeps_what_it_learned() {
+fn beside_users_the_batch_holds_the_probe_until_samples_come_and_keeps_what_they_teach() {
     let mut server = Server::new(2.0, 2.0, &[3]);
     let caps = server.settle(30);
-    // The first samples all saw the 3 users and the batch's 64 lines: nothing to fit,
-    // and so a step down to half of them.
-    let first = caps.iter().position(Option::is_some).expect("a cap");
-    assert_eq!(caps[first], Some(LIMIT / 2), "{caps:?}");
-    // Which spreads the samples: the slope, and the room it leaves (0.2 × 8 / 2 = 0.8).
+    // The batch holds the probe's line from its first reading beside the users…
+    let released = caps.iter().position(Option::is_none).expect("let go");
+    assert!(released > 0 && caps[..released].iter().all(|cap| *cap == Some(0)), "{caps:?}");
+    // … until the samples, which all saw the 3 users and the one line, say nothing: let
+    // go, it spreads them, and they give the slope and the room it leaves (0.2 × 8 / 2
+    // = 0.8).
     let pace = server.delay.pace().expect("a fit");
     assert!((pace.per_sequence / 2000.0 - 1.0).abs() < 0.05, "{pace:?}");
     assert_eq!(caps.last(), Some(&Some(0)));
@@ -181,13 +194,36 @@ fn a_steady_batch_steps_down_once_to_learn_the_slope_and_keeps_what_it_learned()
 }
 
 #[test]
-fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
+fn noise_that_hides_the_slope_holds_the_batch_to_the_steepest_slope_it_allows() {
     let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
     // A loaded machine: samples over 10 to 12 sequences whose pace is mostly noise.
     let noisy: VecDeque<_> =
         (0..20).map(|n| (10.0 + f64::from(n % 3), 20_000.0 + 6000.0 * f64::from((n * 7) % 5))).collect();
-    assert_eq!(fit(&noisy), Fit::Flat);
+    let Fit::Bound(bound) = fit(&noisy) else { panic!("a bound: {:?}", fit(&noisy)) };
+    // Through the samples' means, so steep that its fixed part is none…
+    assert!(bound.fixed == 0.0 && bound.per_sequence > 5000.0, "{bound:?}");
     feed.delay.samples = noisy.clone();
+    feed.delay.read(feed.now, beside_users(Timing::default(), 12.0, 1), LIMIT, 0.5);
+    // … and which leaves the batch a fifth of the 11 users' sequences (taken for no
+    // slope at all, it left the batch all 64 lines).
+    assert_eq!(feed.sample(12.0, 1, LIMIT), Some(2));
+    assert!(feed.delay.pace().is_some_and(|pace| pace.per_sequence > 5000.0), "{:?}", feed.delay.pace());
+    // A worker pod's samples mix its siblings' lines with its users': it holds nothing
+    // by a bound.
+    let mut pod = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: true };
+    pod.delay.samples = noisy;
+    pod.delay.read(pod.now, beside_users(Timing::default(), 12.0, 1), LIMIT, 0.5);
+    assert_eq!(pod.sample(12.0, 1, LIMIT), None);
+}
+
+#[test]
+fn a_steady_batch_whose_samples_do_not_spread_steps_down_once_a_fit_window() {
+    let mut feed = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: false };
+    // Samples that all saw 14 sequences (users and the batch alike steady), on a loaded
+    // machine.
+    let steady: VecDeque<_> = (0..20).map(|n| (14.0, 20_000.0 + 6000.0 * f64::from((n * 7) % 5))).collect();
+    assert_eq!(fit(&steady), Fit::Unspread);
+    feed.delay.samples = steady.clone();
     let opening = beside_users(Timing::default(), 14.0, 11);
     feed.delay.read(feed.now, opening, LIMIT, 0.5);
     let caps: Vec<_> = (0..2 * FIT_SAMPLES).map(|_| feed.sample(14.0, 11, LIMIT)).collect();
@@ -197,7 +233,7 @@ fn noise_that_hides_the_slope_steps_the_batch_down_once_a_fit_window() {
     // A worker pod beside its siblings takes their lines for users': it does not step
     // down to learn a pace that would hold the batch for its own lines.
     let mut pod = Feed { delay: Delay::default(), now: Instant::now(), timing: Timing::default(), shared: true };
-    pod.delay.samples = noisy;
+    pod.delay.samples = steady;
     pod.delay.read(pod.now, opening, LIMIT, 0.5);
     assert!((0..FIT_SAMPLES).all(|_| pod.sample(14.0, 11, LIMIT).is_none()));
 }
@@ -278,9 +314,13 @@ fn samples_that_saw_a_queue_are_left_out_and_noise_is_not_a_slope() {
         feed.delay.read(feed.now, look(feed.timing, 4.0 + (n % 4) as f64, 1.0), LIMIT, 0.5);
     }
     assert!(feed.delay.samples.is_empty(), "every sample saw requests wait");
-    // Paces that do not follow the sequences: nothing explains them, nothing is held.
+    // Paces that do not follow the sequences: nothing explains them, and they only bound
+    // the slope.
     feed.delay.samples = (0..40).map(|n| (f64::from(n % 4), 5000.0 + 1000.0 * f64::from((n * 7) % 5))).collect();
-    assert_eq!(fit(&feed.delay.samples), Fit::Flat);
+    assert!(matches!(fit(&feed.delay.samples), Fit::Bound(_)), "{:?}", fit(&feed.delay.samples));
+    // Paces that fall as sequences grow, for sure: flat.
+    let falling: VecDeque<_> = (0..40).map(|n| (f64::from(n % 4), 9000.0 - 1000.0 * f64::from(n % 4))).collect();
+    assert_eq!(fit(&falling), Fit::Flat);
 }
 
 /// Four worker pods of one batch at a server whose step takes `fixed + per_sequence ×
