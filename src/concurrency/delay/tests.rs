@@ -205,7 +205,7 @@ fn noise_that_hides_the_slope_holds_the_batch_to_the_steepest_slope_it_allows() 
     feed.delay.samples = noisy.clone();
     feed.delay.read(feed.now, beside_users(Timing::default(), 12.0, 1), LIMIT, 0.5);
     // … and which leaves the batch a fifth of the 11 users' sequences (taken for no
-    // slope at all, it left the batch all 64 lines).
+    // slope at all, the delay held nothing).
     assert_eq!(feed.sample(12.0, 1, LIMIT), Some(2));
     assert!(feed.delay.pace().is_some_and(|pace| pace.per_sequence > 5000.0), "{:?}", feed.delay.pace());
     // A worker pod's samples mix its siblings' lines with its users': it holds nothing
