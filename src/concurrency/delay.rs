@@ -195,13 +195,19 @@ impl Delay {
             self.step = None;
         }
         let shared = look.share < 1.0;
-        if look.others && !shared && self.pace.is_none() {
-            if look.in_flight > 0 {
-                self.learning_since.get_or_insert(now);
-            }
-            self.set(self.learning(now, shared).then_some(0.0), &look, draw);
+        // Beside users with no pace yet, `serve` may hold the probe's line: set once a
+        // reading, here where no sample completes, below where one does (it may end the
+        // learning).
+        let unpaced = look.others && !shared && self.pace.is_none();
+        if unpaced && look.in_flight > 0 {
+            self.learning_since.get_or_insert(now);
         }
-        let Some((running, others, per_token)) = self.sampled(now, look) else { return self.cap() };
+        let Some((running, others, per_token)) = self.sampled(now, look) else {
+            if unpaced {
+                self.set(self.learning(now, shared).then_some(0.0), &look, draw);
+            }
+            return self.cap();
+        };
         self.samples.push_back((running, per_token));
         if self.samples.len() > FIT_SAMPLES {
             self.samples.pop_front();
