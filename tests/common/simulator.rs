@@ -153,13 +153,13 @@ struct Engine {
     running: Vec<Sequence>,
     arrivals: u64,
     stats: SimStats,
-    /// The gauges `/metrics` shows, as of the last step.
+    /// The gauges `/metrics` shows, as of the last step or scheduling pass.
     published: Gauges,
     /// While [`Simulator::trace`] is on: a line for every step, arrival and admission.
     trace: Option<Vec<String>>,
 }
 
-/// What the engine published after its last scheduling pass.
+/// What the engine published after its last step or scheduling pass.
 #[derive(Clone, Copy, Default)]
 struct Gauges {
     running: usize,
@@ -201,11 +201,16 @@ impl Engine {
             self.note(format_args!("aborted {aborted}"));
         }
         self.admit(config);
-        self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
+        self.publish();
         if self.trace.is_some() {
             let (running, waiting) = (by_priority(&self.running), by_priority(&self.waiting));
             self.note(format_args!("step running {running} waiting {waiting}"));
         }
+    }
+
+    /// Sets the gauges `/metrics` shows to what runs and waits now.
+    fn publish(&mut self) {
+        self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
     }
 
     /// Moves waiting requests into the batch while room and cache allow.
@@ -273,6 +278,11 @@ impl Engine {
             let preempted = self.running.swap_remove(at);
             self.preempt(config, preempted);
         }
+        // The finished leave the gauges with their answers, as vLLM's scheduler stats
+        // come with the step's outputs: a gauge published only at the next scheduling
+        // pass still counted them, and a reader whose answer came before that pass (the
+        // engine's thread descheduled on a busy machine) took them for someone else's.
+        self.publish();
     }
 }
 
