@@ -372,8 +372,6 @@ async fn users_who_come_get_the_places_of_the_batchs_queued_lines() {
     // Past the trial of its queue alone (some 12 s from when it fills the server), which
     // keeps the queue at a server that a queue does not slow.
     client.wait(&id, Duration::from_secs(90), |b| b["request_counts"]["completed"].as_u64() >= Some(3000)).await;
-    let before = sim.stats();
-    assert_eq!(before.aborted, 0, "alone, nothing is taken back");
     // The users come while the batch queues lines of its own there: a trial of the queue
     // runs without one for some seconds now and then, and on a busy machine its windows
     // end later than the count above says.
@@ -382,6 +380,8 @@ async fn users_who_come_get_the_places_of_the_batchs_queued_lines() {
         assert!(tokio::time::Instant::now() < queued, "the batch alone keeps a queue of its own lines at the server");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let before = sim.stats();
+    assert_eq!(before.aborted, 0, "alone, nothing is taken back");
     let users = common::interactive::Interactive::closed(&sim.url, 4, 16);
     let batch = client.wait_terminal(&id, Duration::from_secs(90)).await;
     users.stop().await;
