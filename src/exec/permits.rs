@@ -355,7 +355,7 @@ impl LoadCaps {
         let was_alone = self.headroom.alone();
         self.room = self
             .seen
-            .and_then(|occupancy| self.headroom.read(now, occupancy, part))
+            .map(|occupancy| self.headroom.read(now, occupancy, part))
             .map(|cap| headroom::take(cap, rand::random()));
         self.came = was_alone && !self.headroom.alone();
     }

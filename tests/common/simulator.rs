@@ -116,7 +116,8 @@ pub struct SimStats {
     /// Tokens decoded, finished or not (a step decodes one for every running sequence):
     /// over `steps`, how many places each priority held on average.
     pub decoded: BTreeMap<i64, u64>,
-    /// The most requests that waited in the queue at once.
+    /// The most requests a scheduling pass left waiting (a request that comes mid-step
+    /// is admitted at the next pass if it fits: it did not queue).
     pub peak_waiting: usize,
     /// How long admitted requests had waited in the queue (from arrival to their first
     /// admission), by priority.
@@ -152,6 +153,9 @@ struct Engine {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     arrivals: u64,
+    /// Requests that came since the last scheduling pass: the next one admits them if
+    /// they fit.
+    arrived_since_pass: usize,
     stats: SimStats,
     /// The gauges `/metrics` shows, as of the last step or scheduling pass.
     published: Gauges,
@@ -175,9 +179,9 @@ impl Engine {
     fn enqueue(&mut self, config: &SimConfig, mut sequence: Sequence, front: bool) {
         if !front {
             self.arrivals += 1;
+            self.arrived_since_pass += 1;
             sequence.arrival = self.arrivals;
         }
-        self.stats.peak_waiting = self.stats.peak_waiting.max(self.waiting.len() + 1);
         if config.priority_scheduling {
             let key = (sequence.priority, sequence.arrival);
             let at = self.waiting.partition_point(|s| (s.priority, s.arrival) <= key);
@@ -201,6 +205,8 @@ impl Engine {
             self.note(format_args!("aborted {aborted}"));
         }
         self.admit(config);
+        self.arrived_since_pass = 0;
+        self.stats.peak_waiting = self.stats.peak_waiting.max(self.waiting.len());
         self.publish();
         if self.trace.is_some() {
             let (running, waiting) = (by_priority(&self.running), by_priority(&self.waiting));
@@ -208,9 +214,14 @@ impl Engine {
         }
     }
 
-    /// Sets the gauges `/metrics` shows to what runs and waits now.
+    /// Sets the gauges `/metrics` shows to what runs now and what waits: what the last
+    /// scheduling pass left waiting, and the preempted since. Requests that came since
+    /// are not yet the scheduler's, as vLLM's engine takes the requests that came during
+    /// a step in only before its next pass: counted as waiting at the step's end, a
+    /// closed loop of users who come back together read as a full server's queue.
     fn publish(&mut self) {
-        self.published = Gauges { running: self.running.len(), waiting: self.waiting.len(), kv_used: self.kv_used() };
+        let waiting = self.waiting.len().saturating_sub(self.arrived_since_pass);
+        self.published = Gauges { running: self.running.len(), waiting, kv_used: self.kv_used() };
     }
 
     /// Moves waiting requests into the batch while room and cache allow.

@@ -350,6 +350,46 @@ async fn a_batch_takes_the_places_users_leave_and_users_rarely_wait() {
     assert!(held >= 7.0, "the batch holds more than half of the 12 places users leave: {held}");
 }
 
+/// Users hold some 40 of a server's 128 places, and its cache says thousands: until the
+/// server queues, nothing says where its places end. A batch that starts beside them
+/// grows what the server holds by a tenth past the most it was seen to run, so the step
+/// that finds the end queues a dozen requests or so, users' among them, where the
+/// throughput rule's start would double the batch from 64 lines to 128 and queue 40.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_starts_beside_users_finds_the_servers_places_with_a_short_queue() {
+    let server = SimConfig {
+        max_batch: 128,
+        kv_capacity: 1_000_000,
+        step_base: Duration::from_millis(5),
+        step_per_seq: Duration::ZERO,
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(server).await;
+    let users = common::interactive::Interactive::closed(&sim.url, 40, 16);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let dir = TempDir::new().unwrap();
+    let config = format!(
+        "upstreams:\n  - name: sim\n    base_url: {}\n    priority: 1\n    max_concurrency: 1024\n    load_signal: {{url: \"{}\"}}\nbatches:\n  reconcile_interval: 100ms\n  shard_lines: 100000\n",
+        sim.url,
+        sim.metrics_url()
+    );
+    let (_serve, client) = Serve::for_project(dir.path(), &config);
+    let lines = 6000;
+    let id = client.create(&client.upload(sim_input(lines, 16)).await).await["id"].as_str().unwrap().to_owned();
+    let batch = client.wait_terminal(&id, Duration::from_secs(120)).await;
+    users.stop().await;
+    assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
+    let stats = sim.stats();
+    let steps = stats.steps as f64;
+    let held = stats.decoded.get(&1).copied().unwrap_or(0) as f64 / steps;
+    eprintln!("[night shift] a start beside users: peak queue {}, the batch held {held:.1} places", stats.peak_waiting);
+    assert!(stats.peak_waiting >= 1, "the batch found the places: the server queued");
+    assert!(stats.peak_waiting <= 24, "the step that found them queued few: {}", stats.peak_waiting);
+    // Some 40 over the run with its first second and the hold of the probe's line; a
+    // pace's cap that climbed a line a sample from the hold held 17.
+    assert!(held >= 25.0, "the batch took the places the users left: {held:.1} of 88");
+}
+
 /// Users who come to a server the batch had to itself find the batch's own queue there
 /// (a quarter of its places, kept alone so that a place freed mid-step is filled at the
 /// next): the batch takes those lines back at the reading that sees the users (the
