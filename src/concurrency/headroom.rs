@@ -334,6 +334,22 @@ mod tests {
         // More running later, without a queue: more places than the queue showed.
         headroom.read(at(start, 400), occupancy(34.0, 0.0, 26), 1.0);
         assert_eq!(headroom.places, Some(34.0));
+        // A line at least past what ran.
+        let mut headroom = Headroom::default();
+        assert_eq!(headroom.read(at(start, 0), occupancy(3.0, 0.0, 1), 1.0), 2.0, "a line past 3");
+        // The 256-seq sequence-bound server beside users holding 90: its cache says
+        // thousands of places, the batch's 128 may grow by 21.8, not double.
+        let young =
+            |running, in_flight, usage| Occupancy { kv_cache_usage: Some(usage), ..occupancy(running, 0.0, in_flight) };
+        let mut headroom = Headroom::default();
+        let cap = headroom.read(at(start, 0), young(218.0, 128, 0.007), 1.0);
+        assert!((cap - (128.0 + 21.8)).abs() < 1e-9, "{cap}");
+        // Where the cache is the tighter, it holds: 128 fill 95% of it, the signal's
+        // full, so 128 places, a place fewer than the batch's 64 and the others' 64
+        // with a place of reserve.
+        let mut headroom = Headroom::default();
+        let cap = headroom.read(at(start, 0), young(128.0, 64, 0.95), 1.0);
+        assert!((cap - (64.0 - 1.0)).abs() < 1e-9, "{cap}");
     }
 
     #[test]
@@ -401,21 +417,6 @@ mod tests {
         let mut headroom = Headroom::default();
         assert_eq!(headroom.read(at(start, 0), young(8.0, 8, 0.02), 1.0), 12.0);
         assert_eq!(headroom.read(at(start, 100), young(12.0, 12, 0.03), 1.0), 18.0);
-        // Beside someone else, the cache bounds them at once; until the server queues,
-        // so does a tenth past the most it ran (a line at least).
-        let mut headroom = Headroom::default();
-        assert_eq!(headroom.read(at(start, 0), occupancy(3.0, 0.0, 1), 1.0), 2.0, "a line past 3");
-        let mut headroom = Headroom::default();
-        // The 256-seq sequence-bound server beside users holding 90: its cache says
-        // thousands of places, the batch's 128 may grow by 21.8, not double.
-        let cap = headroom.read(at(start, 0), young(218.0, 128, 0.007), 1.0);
-        assert!((cap - (128.0 + 21.8)).abs() < 1e-9, "{cap}");
-        // Where the cache is the tighter, it holds: 128 fill 95% of it, the signal's
-        // full, so 128 places, a place fewer than the batch's 64 and the others' 64
-        // with a place of reserve.
-        let mut headroom = Headroom::default();
-        let cap = headroom.read(at(start, 0), young(128.0, 64, 0.95), 1.0);
-        assert!((cap - (64.0 - 1.0)).abs() < 1e-9, "{cap}");
     }
 
     #[test]
