@@ -56,6 +56,9 @@ pub struct Occupancy {
     pub waiting: f64,
     /// This process's requests the server has: sent and not answered.
     pub ours: u32,
+    /// Of this process's requests answered since, those the server's gauges still count:
+    /// gauges that lag its answers ([`super::lag`]).
+    pub still_counted: u32,
     /// This process's batch requests in flight (the permits taken: also lines being
     /// prepared or written back), which the cap bounds.
     pub in_flight: u32,
@@ -69,9 +72,10 @@ pub struct Occupancy {
 
 impl Occupancy {
     /// What the server holds besides this process's lines (never below 0: a request
-    /// on the wire is ours before the server counts it).
+    /// on the wire is ours before the server counts it), and besides those answered
+    /// that its gauges still count.
     pub(super) fn others(&self) -> f64 {
-        (self.running + self.waiting - f64::from(self.ours)).max(0.0)
+        (self.running + self.waiting - f64::from(self.ours) - f64::from(self.still_counted)).max(0.0)
     }
 
     /// The batch's lines at a server it has alone: those the server counts, or this
@@ -81,11 +85,11 @@ impl Occupancy {
     /// taken up again once its answer came), and the batch alone kept twice its queue
     /// there (7.7 lines of 4 at the family's 16-seq CPU-like server). A line the server
     /// finished and whose answer is on its way is counted until the answer comes; its
-    /// permit then goes to the next line. Worker pods alone together go by the count:
-    /// a pod's own lines are a part of it that it cannot tell.
+    /// permit then goes to the next line. Nor is a line answered that the server's
+    /// gauges still count (`still_counted`): its place is free. Worker pods alone
+    /// together go by the count: a pod's own lines are a part of it that it cannot tell.
     fn held_alone(&self) -> f64 {
-        let counted = self.running + self.waiting;
-        if self.siblings_only { counted } else { counted.max(f64::from(self.ours)) }
+        if self.siblings_only { self.running + self.waiting } else { self.others() + f64::from(self.ours) }
     }
 }
 

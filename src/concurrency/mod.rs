@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod gate;
 pub mod governor;
 pub mod headroom;
+pub mod lag;
 pub mod line;
 pub mod presets;
 pub mod priority;

@@ -20,6 +20,7 @@ use crate::clock;
 use crate::concurrency::PROBE_LINES;
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
+use crate::concurrency::lag::Lag;
 use crate::concurrency::discovery::{Discovery, Found};
 use crate::concurrency::gate::{Gate, Pressure};
 use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
@@ -123,9 +124,9 @@ pub async fn govern(upstream: &Upstream, client: &reqwest::Client, mode: Mode, m
 
 /// What a reading saw of the server, with this process's lines at it (`ours`) and in
 /// flight.
-fn occupancy(runs: Runs, ours: u32, in_flight: u32, siblings_only: bool) -> Occupancy {
+fn occupancy(runs: Runs, ours: u32, still_counted: u32, in_flight: u32, siblings_only: bool) -> Occupancy {
     let Runs { running, waiting, kv_cache_usage, .. } = runs;
-    Occupancy { running, waiting, ours, in_flight, kv_cache_usage, siblings_only }
+    Occupancy { running, waiting, ours, still_counted, in_flight, kv_cache_usage, siblings_only }
 }
 
 /// Whether the headroom's cap sets the batch's lines by itself, up to the ceiling: a batch
@@ -168,6 +169,9 @@ struct LoadCaps {
     /// Whether a worker pod's users have gone, as its grant says.
     users: Presence,
     staleness: Staleness,
+    /// Whether the server's gauges lag its answers, and which of this process's lines
+    /// they still count.
+    lag: Lag,
     /// Where the signal is looked for, where none is configured.
     discovery: Option<Discovery>,
     /// Readings ask for the signal's metrics by name ([`signals::read`]) until the server
@@ -202,6 +206,7 @@ impl LoadCaps {
             came: false,
             users: Presence::default(),
             staleness: Staleness::default(),
+            lag: Lag::default(),
             discovery: upstream.discovery.clone(),
             by_name: true,
             next_read: tokio::time::Instant::now(),
@@ -273,12 +278,16 @@ impl LoadCaps {
         let now = std::time::Instant::now();
         let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
         let ours = had.saturating_add(sent_meanwhile);
+        let answered = upstream.observed.sent().saturating_sub(u64::from(upstream.observed.at_upstream()));
+        let still_counted = runs.map_or(0, |Runs { running, waiting, kv_cache_usage, .. }| {
+            self.lag.read(now, (running, waiting, kv_cache_usage), ours, answered, self.headroom.alone())
+        });
         let part = share(mode, upstream);
         self.probing = probing(mode, upstream, std::time::SystemTime::now());
         self.choose_queue(upstream, now, filling);
         let siblings_only = part < 1.0
             && users(mode, upstream).is_some_and(|users| self.users.gone_for(now, users, headroom::RESERVE_OVER));
-        self.read_room(now, part, runs.map(|runs| occupancy(runs, ours, in_flight, siblings_only)));
+        self.read_room(now, part, runs.map(|runs| occupancy(runs, ours, still_counted, in_flight, siblings_only)));
         // Alone at the server, a queue there is the batch's own lines: the headroom holds
         // the batch to the places that queue showed, and the gate, which makes room for
         // users, has nobody to make room for (it would halve the batch for its own queue).
@@ -293,7 +302,7 @@ impl LoadCaps {
         // its part of the room, and regrows in the time a lone process's does.
         let places = self.headroom.places().map(|places| places * part);
         let cap = self.gate.read(now, pressure, in_flight, limit, places);
-        self.note_ran(upstream, mode, runs, ours, now);
+        self.note_ran(upstream, mode, runs, ours + still_counted, now);
         self.paced = runs.and_then(|Runs { running, waiting, token_time, .. }| {
             let look = delay::Look {
                 timing: upstream.observed.timing(),
@@ -310,7 +319,7 @@ impl LoadCaps {
             self.delay.read(now, look, limit, rand::random())
         });
         tracing::debug!(
-            upstream = %upstream.name, ?pressure, ?runs, ours, in_flight, users = ?users(mode, upstream), ?cap, room = ?self.room,
+            upstream = %upstream.name, ?pressure, ?runs, ours, still_counted, in_flight, users = ?users(mode, upstream), ?cap, room = ?self.room,
             reserve = self.headroom.reserve(), paced = ?self.paced, pace = ?self.delay.pace(), limit, "load signal read"
         );
         self.clear = pressure == Pressure::Clear;
@@ -373,12 +382,14 @@ impl LoadCaps {
 
     /// What the server ran since the reading before, for the lines' own averages
     /// ([`delay`]); a gap of more than a second says nothing of it. And, in a worker pod,
-    /// what it held besides the pod's lines, for its acknowledgment (`serve` has none).
-    fn note_ran(&mut self, upstream: &Upstream, mode: Mode, runs: Option<Runs>, ours: u32, now: std::time::Instant) {
+    /// what it held besides the pod's lines (`counted`: those the reading counts, its
+    /// lines at the server and those answered that gauges which lag still count), for
+    /// its acknowledgment (`serve` has none).
+    fn note_ran(&mut self, upstream: &Upstream, mode: Mode, runs: Option<Runs>, counted: u32, now: std::time::Instant) {
         match runs {
             Some(Runs { running, waiting, .. }) => {
                 if mode == Mode::Granted {
-                    upstream.observed.seen(running + waiting, ours);
+                    upstream.observed.seen(running + waiting, counted);
                 }
                 if let Some(since) = self.ran_at.map(|at| now.saturating_duration_since(at))
                     && since <= Duration::from_secs(1)

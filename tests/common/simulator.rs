@@ -60,6 +60,12 @@ pub struct SimConfig {
     pub default_max_tokens: u32,
     /// Order the queue by `priority` (vLLM's priority scheduling policy).
     pub priority_scheduling: bool,
+    /// The gauges are published every this many steps, and at a scheduling pass that
+    /// admitted a request: SGLang's scheduler sets its gauges when it logs its stats, at
+    /// every prefill batch and every `decode_log_interval` (40) decode steps, so a
+    /// finished request stays counted until then. 1 (the default): at every step, as
+    /// vLLM does.
+    pub gauges_every: u64,
 }
 
 impl Default for SimConfig {
@@ -75,6 +81,7 @@ impl Default for SimConfig {
             step_per_waiting: Duration::ZERO,
             default_max_tokens: 32,
             priority_scheduling: false,
+            gauges_every: 1,
         }
     }
 }
@@ -204,10 +211,14 @@ impl Engine {
             self.stats.aborted += aborted as u64;
             self.note(format_args!("aborted {aborted}"));
         }
+        let admitted = self.running.len();
         self.admit(config);
+        let admitted = self.running.len() > admitted;
         self.arrived_since_pass = 0;
         self.stats.peak_waiting = self.stats.peak_waiting.max(self.waiting.len());
-        self.publish();
+        if admitted || config.gauges_every <= 1 {
+            self.publish();
+        }
         if self.trace.is_some() {
             let (running, waiting) = (by_priority(&self.running), by_priority(&self.waiting));
             self.note(format_args!("step running {running} waiting {waiting}"));
@@ -293,7 +304,9 @@ impl Engine {
         // come with the step's outputs: a gauge published only at the next scheduling
         // pass still counted them, and a reader whose answer came before that pass (the
         // engine's thread descheduled on a busy machine) took them for someone else's.
-        self.publish();
+        if self.stats.steps % config.gauges_every.max(1) == 0 {
+            self.publish();
+        }
     }
 }
 

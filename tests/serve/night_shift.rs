@@ -155,6 +155,37 @@ async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
     assert!(held >= 112.0, "nearly all of the 128 places: {held:.1}");
 }
 
+/// A batch alone at a server whose gauges lag its answers, as SGLang's do (set when its
+/// scheduler logs its stats: at each prefill batch and every 40 decode steps, 0.8 s
+/// here): a line answered before the gauges say so is the batch's own, not a user who
+/// came. It keeps the server's places, and takes none of its own lines back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_alone_at_a_server_whose_gauges_lag_its_answers_keeps_the_server() {
+    let server = SimConfig {
+        max_batch: 128,
+        step_base: Duration::from_millis(20),
+        step_per_seq: Duration::from_micros(10),
+        gauges_every: 40,
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(server).await;
+    let dir = TempDir::new().unwrap();
+    let (serve, client) = untuned_at(&sim, &dir, 1024);
+    let lines = 5000;
+    let batch = client.create(&client.upload(sim_input(lines, 16)).await).await;
+    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
+    let stats = sim.stats();
+    let held = stats.decoded.values().sum::<u64>() as f64 / stats.steps.max(1) as f64;
+    let taken_back = serve.metric("nightshift_lines_taken_back_total{upstream=\"sim\"}").await.unwrap_or(0.0);
+    eprintln!(
+        "[night shift] alone at 128 places, gauges every 40 steps: {held:.1} held a step, {taken_back} taken back, {} dropped",
+        stats.aborted
+    );
+    assert_eq!(stats.aborted, 0, "alone, nothing is taken back");
+    assert!(held >= 112.0, "nearly all of the 128 places: {held:.1}");
+}
+
 /// A batch alone at a server whose queue costs it (each request waiting slows every step
 /// as much as the step itself takes: a queue of a quarter of its 16 places makes a step
 /// five times as long) tries its lines with a queue there and without, and keeps none.
