@@ -5,7 +5,8 @@
 //!
 //! Members: simulated servers (`tests/common/simulator.rs`) of 16, 64 and 256 sequences,
 //! bound by sequences or by their KV cache, with a GPU-like step (nearly flat in the
-//! batch's size) or a CPU-like one (growing with it); and llama.cpp's `llama-server`
+//! batch's size) or a CPU-like one (growing with it), and one whose gauges lag its
+//! answers as SGLang's do (set every 40 steps); and llama.cpp's `llama-server`
 //! (a real engine, on the CPU here) with 2, 4 and 8 slots and two model sizes, when
 //! tests/tools/install-engine.sh has installed it (`tests/run` does).
 //!
@@ -94,13 +95,17 @@ struct Member {
 }
 
 fn sim(max_batch: usize, kv_capacity: u64, step_ms: u64, per_seq_us: u64) -> Kind {
-    Kind::Sim(SimConfig {
+    Kind::Sim(sim_config(max_batch, kv_capacity, step_ms, per_seq_us))
+}
+
+fn sim_config(max_batch: usize, kv_capacity: u64, step_ms: u64, per_seq_us: u64) -> SimConfig {
+    SimConfig {
         max_batch,
         kv_capacity,
         step_base: Duration::from_millis(step_ms),
         step_per_seq: Duration::from_micros(per_seq_us),
         ..SimConfig::default()
-    })
+    }
 }
 
 /// The family. A batch line holds ~22 prompt tokens and up to 32 generated in the KV
@@ -113,6 +118,13 @@ fn family() -> Vec<Member> {
         Member { name: "sim 64 seqs, KV-bound", kind: sim(64, 1_800, 10, 20), places: 64 },
         Member { name: "sim 256 seqs, sequence-bound", kind: sim(256, 1_000_000, 20, 10), places: 256 },
         Member { name: "sim 256 seqs, KV-bound", kind: sim(256, 6_000, 20, 10), places: 256 },
+        // Gauges set as SGLang's scheduler sets them: at each prefill batch and every 40
+        // decode steps, so a request that finished stays counted until then.
+        Member {
+            name: "sim 64 seqs, gauges every 40 steps",
+            kind: Kind::Sim(SimConfig { gauges_every: 40, ..sim_config(64, 1_000_000, 10, 20) }),
+            places: 64,
+        },
     ];
     let installed =
         std::env::var_os("LLAMA_SERVER").is_some() || tools::cache_dir().join("engine/bin/llama-server").exists();

@@ -38,7 +38,15 @@ mod tests {
     use super::*;
 
     fn occupancy(running: f64, waiting: f64, ours: u32) -> Occupancy {
-        Occupancy { running, waiting, ours, still_counted: 0, in_flight: ours, kv_cache_usage: None, siblings_only: false }
+        Occupancy {
+            running,
+            waiting,
+            ours,
+            still_counted: 0,
+            in_flight: ours,
+            kv_cache_usage: None,
+            siblings_only: false,
+        }
     }
 
     #[test]

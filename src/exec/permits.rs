@@ -20,11 +20,11 @@ use crate::clock;
 use crate::concurrency::PROBE_LINES;
 use crate::concurrency::control::Mode;
 use crate::concurrency::delay::{self, Delay};
-use crate::concurrency::lag::Lag;
 use crate::concurrency::discovery::{Discovery, Found};
 use crate::concurrency::gate::{Gate, Pressure};
 use crate::concurrency::governor::{Governor, Look, OVERLOAD_RULES_FOR};
 use crate::concurrency::headroom::{self, Headroom, Occupancy};
+use crate::concurrency::lag::Lag;
 use crate::concurrency::queue::QueueChoice;
 use crate::concurrency::recall;
 use crate::concurrency::signals;
@@ -278,9 +278,8 @@ impl LoadCaps {
         let now = std::time::Instant::now();
         let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
         let ours = had.saturating_add(sent_meanwhile);
-        let answered = upstream.observed.sent().saturating_sub(u64::from(upstream.observed.at_upstream()));
         let still_counted = runs.map_or(0, |Runs { running, waiting, kv_cache_usage, .. }| {
-            self.lag.read(now, (running, waiting, kv_cache_usage), ours, answered, self.headroom.alone())
+            self.lag.read(now, (running, waiting, kv_cache_usage), ours, self.headroom.alone())
         });
         let part = share(mode, upstream);
         self.probing = probing(mode, upstream, std::time::SystemTime::now());

@@ -304,7 +304,7 @@ impl Engine {
         // come with the step's outputs: a gauge published only at the next scheduling
         // pass still counted them, and a reader whose answer came before that pass (the
         // engine's thread descheduled on a busy machine) took them for someone else's.
-        if self.stats.steps % config.gauges_every.max(1) == 0 {
+        if self.stats.steps.is_multiple_of(config.gauges_every.max(1)) {
             self.publish();
         }
     }

@@ -28,7 +28,15 @@ fn learned(start: Instant, first: Occupancy, steady: Occupancy, share: f64) -> H
 
 /// A reading with every line in flight at the server.
 fn occupancy(running: f64, waiting: f64, in_flight: u32) -> Occupancy {
-    Occupancy { running, waiting, ours: in_flight, still_counted: 0, in_flight, kv_cache_usage: None, siblings_only: false }
+    Occupancy {
+        running,
+        waiting,
+        ours: in_flight,
+        still_counted: 0,
+        in_flight,
+        kv_cache_usage: None,
+        siblings_only: false,
+    }
 }
 
 #[test]
