@@ -22,7 +22,9 @@
 //!   The gauges are what vLLM publishes: a snapshot the engine takes each step, once it has
 //!   admitted what fits (vLLM's scheduler stats). A request counts as waiting only when the
 //!   engine could not take it; one that arrived since the last step and joins the next is
-//!   not seen.
+//!   not seen. With `gauges_every`, they are what SGLang publishes instead: set at a
+//!   scheduling pass that admitted a request and every so many steps, so a request that
+//!   finished stays counted until then.
 //!
 //! Usage: `Simulator::start(SimConfig::default()).await` gives a server on 127.0.0.1;
 //! [`Simulator::stats`] counts what it generated, by the `priority` requests carried, and
@@ -211,9 +213,9 @@ impl Engine {
             self.stats.aborted += aborted as u64;
             self.note(format_args!("aborted {aborted}"));
         }
-        let admitted = self.running.len();
+        let running_before = self.running.len();
         self.admit(config);
-        let admitted = self.running.len() > admitted;
+        let admitted = self.running.len() > running_before;
         self.arrived_since_pass = 0;
         self.stats.peak_waiting = self.stats.peak_waiting.max(self.waiting.len());
         if admitted || config.gauges_every <= 1 {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::client::{Client, ids, input};
 use common::serve::Serve;
-use common::simulator::{SimConfig, Simulator};
+use common::simulator::{SimConfig, SimStats, Simulator};
 use common::upstream::MockUpstream;
 use common::{OTHER_KEY, OTHER_PROJECT};
 use serde_json::Value;
@@ -125,21 +125,19 @@ fn untuned_at(sim: &Simulator, dir: &TempDir, ceiling: u32) -> (Serve, Client) {
     Serve::for_project(dir.path(), &upstream)
 }
 
-/// A batch alone at a large server (128 places, steps that hardly slow), untuned with its
-/// load signal: it grows until the server queues, which shows the places, and then keeps
-/// them full, with a short queue of its own lines, as the server counts them. The gate,
-/// which makes room for users, stands aside while the batch is alone: reading the
-/// batch's own queue as users waiting, it halved the batch and regrew it at half a line a
-/// second (73 places held a step here). With it aside, but the throughput rule's knee
-/// holding the batch and this process's count of its lines, 108.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
-    let server = SimConfig {
+/// A large server: 128 places, steps that hardly slow.
+fn large() -> SimConfig {
+    SimConfig {
         max_batch: 128,
         step_base: Duration::from_millis(20),
         step_per_seq: Duration::from_micros(10),
         ..SimConfig::default()
-    };
+    }
+}
+
+/// An untuned batch of 5,000 lines alone at `server`, to its end: what the server did,
+/// and the places it held a step on average (the ramp and the tail in it too).
+async fn alone_at(server: SimConfig) -> (SimStats, f64) {
     let sim = Simulator::start(server).await;
     let dir = TempDir::new().unwrap();
     let (_serve, client) = untuned_at(&sim, &dir, 1024);
@@ -149,6 +147,19 @@ async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
     assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
     let stats = sim.stats();
     let held = stats.decoded.values().sum::<u64>() as f64 / stats.steps.max(1) as f64;
+    (stats, held)
+}
+
+/// A batch alone at a large server, untuned with its load signal: it grows until the
+/// server queues, which shows the places, and then keeps them full, with a short queue
+/// of its own lines, as the server counts them. The gate, which makes room for users,
+/// stands aside while the batch is alone: reading the batch's own queue as users
+/// waiting, it halved the batch and regrew it at half a line a second (73 places held a
+/// step here). With it aside, but the throughput rule's knee holding the batch and this
+/// process's count of its lines, 108.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
+    let (stats, held) = alone_at(large()).await;
     eprintln!("[night shift] alone at 128 places: {held:.1} held a step, peak queue {}", stats.peak_waiting);
     assert!(stats.peak_waiting > 0, "the batch queued at the server, as it does to find its places");
     // The ramp (8 to 128 in a few readings) and the tail are in the average too.
@@ -158,28 +169,13 @@ async fn a_batch_alone_at_a_server_is_not_held_for_its_own_queue() {
 /// A batch alone at a server whose gauges lag its answers, as SGLang's do (set when its
 /// scheduler logs its stats: at each prefill batch and every 40 decode steps, 0.8 s
 /// here): a line answered before the gauges say so is the batch's own, not a user who
-/// came. It keeps the server's places, and takes none of its own lines back.
+/// came. It keeps the server's places (62.6 a step when its answered lines were taken
+/// for users), and takes none of its own lines back.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_alone_at_a_server_whose_gauges_lag_its_answers_keeps_the_server() {
-    let server = SimConfig {
-        max_batch: 128,
-        step_base: Duration::from_millis(20),
-        step_per_seq: Duration::from_micros(10),
-        gauges_every: 40,
-        ..SimConfig::default()
-    };
-    let sim = Simulator::start(server).await;
-    let dir = TempDir::new().unwrap();
-    let (serve, client) = untuned_at(&sim, &dir, 1024);
-    let lines = 5000;
-    let batch = client.create(&client.upload(sim_input(lines, 16)).await).await;
-    let batch = client.wait_terminal(batch["id"].as_str().unwrap(), Duration::from_secs(120)).await;
-    assert_eq!(batch["request_counts"]["completed"], lines, "{batch}");
-    let stats = sim.stats();
-    let held = stats.decoded.values().sum::<u64>() as f64 / stats.steps.max(1) as f64;
-    let taken_back = serve.metric("nightshift_lines_taken_back_total{upstream=\"sim\"}").await.unwrap_or(0.0);
+    let (stats, held) = alone_at(SimConfig { gauges_every: 40, ..large() }).await;
     eprintln!(
-        "[night shift] alone at 128 places, gauges every 40 steps: {held:.1} held a step, {taken_back} taken back, {} dropped",
+        "[night shift] alone at 128 places, gauges every 40 steps: {held:.1} held a step, {} dropped",
         stats.aborted
     );
     assert_eq!(stats.aborted, 0, "alone, nothing is taken back");
