@@ -53,6 +53,10 @@ mod input;
 #[allow(dead_code)]
 #[path = "../tests/common/interactive.rs"]
 mod interactive;
+#[path = "family/members.rs"]
+mod members;
+#[path = "family/nightshift.rs"]
+mod nightshift;
 #[allow(dead_code)]
 #[path = "../tests/common/ports.rs"]
 mod ports;
@@ -67,9 +71,9 @@ mod tools;
 
 use std::time::{Duration, Instant};
 
-use engine::LlamaServer;
 use interactive::{Interactive, Pattern};
-use simulator::{SimConfig, Simulator};
+use members::{Kind, Member, Server, family};
+use nightshift::{Batch, Serve};
 
 const PROJECT: &str = "0f0e0d0c-0b0a-4909-8807-060504030201";
 const KEY: &str = "family-key";
@@ -79,163 +83,6 @@ const BATCH_TOKENS: u32 = 32;
 const USER_TOKENS: u32 = 32;
 /// Users' p99 beside a batch may be this many times their p99 alone.
 const P99_BOUND: f64 = 1.2;
-
-/// A server of the family.
-#[derive(Clone, Debug)]
-enum Kind {
-    Sim(SimConfig),
-    Engine { model: &'static str, slots: usize },
-}
-
-struct Member {
-    name: &'static str,
-    kind: Kind,
-    /// Sequences it runs at once: the fixed concurrencies tried are around it.
-    places: u32,
-}
-
-fn sim(max_batch: usize, kv_capacity: u64, step_ms: u64, per_seq_us: u64) -> Kind {
-    Kind::Sim(sim_config(max_batch, kv_capacity, step_ms, per_seq_us))
-}
-
-fn sim_config(max_batch: usize, kv_capacity: u64, step_ms: u64, per_seq_us: u64) -> SimConfig {
-    SimConfig {
-        max_batch,
-        kv_capacity,
-        step_base: Duration::from_millis(step_ms),
-        step_per_seq: Duration::from_micros(per_seq_us),
-        ..SimConfig::default()
-    }
-}
-
-/// The family. A batch line holds ~22 prompt tokens and up to 32 generated in the KV
-/// cache, a user's ~12 and 32: a cache of 1,800 tokens holds some 40 of them, 6,000
-/// some 140.
-fn family() -> Vec<Member> {
-    let mut members = vec![
-        Member { name: "sim 16 seqs, GPU-like step", kind: sim(16, 1_000_000, 5, 40), places: 16 },
-        Member { name: "sim 16 seqs, CPU-like step", kind: sim(16, 1_000_000, 2, 2_000), places: 16 },
-        Member { name: "sim 64 seqs, KV-bound", kind: sim(64, 1_800, 10, 20), places: 64 },
-        Member { name: "sim 256 seqs, sequence-bound", kind: sim(256, 1_000_000, 20, 10), places: 256 },
-        Member { name: "sim 256 seqs, KV-bound", kind: sim(256, 6_000, 20, 10), places: 256 },
-        // Gauges set as SGLang's scheduler sets them: at each prefill batch and every 40
-        // decode steps, so a request that finished stays counted until then.
-        Member {
-            name: "sim 64 seqs, gauges every 40 steps",
-            kind: Kind::Sim(SimConfig { gauges_every: 40, ..sim_config(64, 1_000_000, 10, 20) }),
-            places: 64,
-        },
-    ];
-    let installed =
-        std::env::var_os("LLAMA_SERVER").is_some() || tools::cache_dir().join("engine/bin/llama-server").exists();
-    if installed {
-        members.extend([
-            Member { name: "llama-server tiny, 2 slots", kind: Kind::Engine { model: "tiny", slots: 2 }, places: 2 },
-            Member { name: "llama-server tiny, 4 slots", kind: Kind::Engine { model: "tiny", slots: 4 }, places: 4 },
-            Member { name: "llama-server tiny, 8 slots", kind: Kind::Engine { model: "tiny", slots: 8 }, places: 8 },
-            Member { name: "llama-server small, 4 slots", kind: Kind::Engine { model: "small", slots: 4 }, places: 4 },
-        ]);
-    } else {
-        println!("(llama-server is not installed: tests/tools/install-engine.sh; its members are left out)");
-    }
-    members
-}
-
-/// A member's server, running.
-enum Server {
-    Sim(Simulator),
-    Engine(LlamaServer),
-}
-
-impl Server {
-    async fn start(kind: &Kind) -> Self {
-        match kind {
-            Kind::Sim(config) => Self::Sim(Simulator::start(config.clone()).await),
-            Kind::Engine { model, slots } => Self::Engine(LlamaServer::start(model, *slots).await),
-        }
-    }
-
-    /// The OpenAI API's root (`…/v1`).
-    fn api(&self) -> String {
-        match self {
-            Self::Sim(sim) => sim.url.clone(),
-            Self::Engine(engine) => format!("{}/v1", engine.url),
-        }
-    }
-}
-
-/// How the batch is run.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Batch {
-    Fixed(u32),
-    /// What a user sets who tunes nothing: a high ceiling. The load signal is found
-    /// beside the server's API (builds before 2026-11-30 read none unless told where).
-    Untuned,
-}
-
-impl Batch {
-    fn upstream(self) -> String {
-        match self {
-            Self::Fixed(n) => format!("    max_concurrency: {n}\n    adaptive: false\n"),
-            Self::Untuned => "    max_concurrency: 1024\n".to_owned(),
-        }
-    }
-}
-
-struct Serve {
-    process: serve::Process,
-    url: String,
-    _work: tempfile::TempDir,
-}
-
-impl Serve {
-    /// `serve` (the binary `nightshift`) sending to `server` as `batch` says, with a batch
-    /// of `lines` created.
-    async fn start(nightshift: &str, server: &Server, batch: Batch, lines: usize) -> Self {
-        let work = tempfile::TempDir::new().unwrap();
-        let config = work.path().join("nightshift.yaml");
-        let yaml = format!(
-            "projects:\n  - id: {PROJECT}\n    api_keys: [{{plain: {KEY}}}]\nupstreams:\n  - name: server\n    base_url: {}\n{}batches:\n  reconcile_interval: 100ms\n",
-            server.api(),
-            batch.upstream()
-        );
-        std::fs::write(&config, yaml).unwrap();
-        let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into());
-        let (process, url) = serve::spawn_binary(nightshift, &config, &work.path().join("data"), &log);
-        let serve = Self { process, url, _work: work };
-        serve.submit(lines).await;
-        serve
-    }
-
-    fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        request.header("x-project-id", PROJECT).header("x-api-key", KEY)
-    }
-
-    async fn submit(&self, lines: usize) {
-        let client = reqwest::Client::new();
-        let form = input::upload_form(input::summaries(lines, "m", |_| BATCH_TOKENS));
-        let file: serde_json::Value = self
-            .auth(client.post(format!("{}/v1/files", self.url)))
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
-        let batch = self.auth(client.post(format!("{}/v1/batches", self.url))).json(&create).send().await.unwrap();
-        assert!(batch.status().is_success(), "{}", batch.text().await.unwrap());
-    }
-
-    /// Batch lines that got their answer so far.
-    async fn completed(&self) -> f64 {
-        let url = self.process.metrics_url.as_deref().expect("serve says where its metrics are");
-        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
-        let line = text.lines().find(|l| l.starts_with("nightshift_lines_total{outcome=\"completed\""));
-        line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
-    }
-}
 
 fn secs(name: &str, default: u64) -> Duration {
     Duration::from_secs(std::env::var(name).ok().map_or(default, |v| v.parse().unwrap()))
