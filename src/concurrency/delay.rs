@@ -93,6 +93,9 @@ pub struct Look {
     pub waiting: f64,
     /// This process's requests the server has.
     pub ours: u32,
+    /// This process's requests answered that the server's gauges still count (they lag
+    /// its answers: [`super::lag`]): `running` counts them, and they are nobody else's.
+    pub still_counted: u32,
     /// This process's batch requests in flight, which the cap bounds.
     pub in_flight: u32,
     /// The server had traffic besides this process's lately.
@@ -326,7 +329,8 @@ impl Delay {
         }
         open.readings += 1;
         open.running += look.running;
-        open.others += look.users.unwrap_or((look.running - f64::from(look.ours)).max(0.0));
+        let counted = f64::from(look.ours.saturating_add(look.still_counted));
+        open.others += look.users.unwrap_or((look.running - counted).max(0.0));
         open.queued |= look.waiting > 0.0;
         let elapsed = now.saturating_duration_since(open.started);
         if elapsed < SAMPLE {

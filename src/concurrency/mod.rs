@@ -115,6 +115,17 @@ impl Observed {
         self.sent.load(Ordering::Relaxed)
     }
 
+    /// Where a scrape of the server begins: the requests it has, and those sent so far.
+    pub fn mark(&self) -> (u32, u64) {
+        (self.at_upstream(), self.sent())
+    }
+
+    /// This process's requests a scrape begun at `mark` counted, as many as it may
+    /// have: those the server had when it began, and those sent meanwhile.
+    pub fn at_upstream_since(&self, (had, sent): (u32, u64)) -> u32 {
+        had.saturating_add(u32::try_from(self.sent() - sent).unwrap_or(u32::MAX))
+    }
+
     pub fn finished(&self, output_tokens: u64) {
         self.lines.fetch_add(1, Ordering::Relaxed);
         self.tokens.fetch_add(output_tokens, Ordering::Relaxed);

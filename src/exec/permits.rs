@@ -272,12 +272,11 @@ impl LoadCaps {
         // those it had before, and those sent meanwhile. Counted after the scrape, a line
         // the server still had but whose answer came meanwhile would be taken for
         // someone else's, and a batch alone for a batch beside users.
-        let (had, sent) = (upstream.observed.at_upstream(), upstream.observed.sent());
+        let mark = upstream.observed.mark();
         let Some((pressure, runs)) = self.read(upstream, client, signal).await else { return };
         let in_flight = upstream.limiter.in_flight();
         let now = std::time::Instant::now();
-        let sent_meanwhile = u32::try_from(upstream.observed.sent() - sent).unwrap_or(u32::MAX);
-        let ours = had.saturating_add(sent_meanwhile);
+        let ours = upstream.observed.at_upstream_since(mark);
         let still_counted = runs.map_or(0, |Runs { running, waiting, kv_cache_usage, .. }| {
             self.lag.read(now, (running, waiting, kv_cache_usage), ours, self.headroom.alone())
         });
@@ -308,6 +307,7 @@ impl LoadCaps {
                 running,
                 waiting,
                 ours,
+                still_counted,
                 in_flight,
                 others: !self.headroom.alone(),
                 share: part,

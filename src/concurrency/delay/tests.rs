@@ -24,6 +24,9 @@ struct Server {
     waiting: f64,
     /// The server's own time a token, if it says it.
     token_time: Option<TokenTime>,
+    /// The batch's lines answered that the server's gauges still count at every reading
+    /// (they lag its answers), which the reader knows.
+    still_counted: u32,
 }
 
 impl Server {
@@ -39,6 +42,7 @@ impl Server {
             readings: 0,
             waiting: 0.0,
             token_time: None,
+            still_counted: 0,
         }
     }
 
@@ -73,9 +77,10 @@ impl Server {
         self.now += READING;
         let look = Look {
             timing: self.timing,
-            running: f64::from(users + in_flight),
+            running: f64::from(users + in_flight + self.still_counted),
             waiting: self.waiting,
             ours: in_flight,
+            still_counted: self.still_counted,
             in_flight,
             others: users > 0,
             share: 1.0,
@@ -107,6 +112,22 @@ fn beside_users_the_batch_holds_what_keeps_their_pace_within_the_target() {
         let slowed = server.step_ms(3, held) / server.step_ms(3, 0);
         assert!(slowed <= TARGET + 1e-9 || held == 1, "{fixed} + {per_sequence}: {held} lines, {slowed}×");
         assert!(f64::from(held) >= room.floor().min(f64::from(LIMIT)) - 1.0, "{held} lines for a room of {room}");
+    }
+}
+
+#[test]
+fn lines_answered_that_lagging_gauges_still_count_are_not_the_users() {
+    // Taken for users' sequences, ten lines would tell the delay that its users alone
+    // run slower than they do, and leave the batch more room than keeps them within the
+    // target: at 12 ms + 0.125 ms a sequence beside 3 users, 21.8 lines' room where it is 19.8.
+    for (fixed, per_sequence) in [(12.0, 0.125), (5.0, 0.04)] {
+        let held = |still_counted| {
+            let mut server = Server::new(fixed, per_sequence, &[2, 3, 4, 3]);
+            server.still_counted = still_counted;
+            server.settle(60);
+            server.in_flight()
+        };
+        assert_eq!(held(10), held(0), "{fixed} + {per_sequence}");
     }
 }
 
@@ -269,6 +290,7 @@ fn beside_users(timing: Timing, running: f64, in_flight: u32) -> Look {
         running,
         waiting: 0.0,
         ours: in_flight,
+        still_counted: 0,
         in_flight,
         others: true,
         share: 1.0,
@@ -364,6 +386,7 @@ fn pods(fixed: f64, per_sequence: f64, users: &[u32], limits: &[u32], told: bool
                 running: f64::from(users + batch),
                 waiting: 0.0,
                 ours: lines[pod],
+                still_counted: 0,
                 in_flight: lines[pod],
                 others: true,
                 share,
