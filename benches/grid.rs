@@ -23,6 +23,9 @@
 //! (`serve`'s `RUST_LOG`, default `warn`), `BENCH_TRACE=1` (the upstream prints each point's
 //! requests in flight over time, to stderr).
 
+#[allow(dead_code)]
+#[path = "common/input.rs"]
+mod input;
 #[path = "common/serve.rs"]
 mod serve;
 
@@ -202,13 +205,9 @@ impl Serve {
                 )
             })
             .collect();
-        let form = reqwest::multipart::Form::new()
-            .text("purpose", "batch")
-            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("grid.jsonl"));
-        let file = answer(self.auth(self.client.post(format!("{}/v1/files", self.url))).multipart(form)).await;
+        let file = input::upload(self.auth(self.client.post(format!("{}/v1/files", self.url))), input).await;
         let started = Instant::now();
-        let create =
-            json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let create = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
         let batch = answer(self.auth(self.client.post(format!("{}/v1/batches", self.url))).json(&create)).await;
         let id = batch["id"].as_str().unwrap_or_else(|| panic!("the batch was not created: {batch}")).to_owned();
         loop {

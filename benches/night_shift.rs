@@ -99,10 +99,9 @@ impl Serve {
         let client = reqwest::Client::new();
         // 16 to 48 tokens a line, 32 on average.
         let input = input::summaries(lines, "sim", |n| 16 + ((n * 7919) % 33) as u32);
-        let form = input::upload_form(input);
-        let files = self.auth(client.post(format!("{}/v1/files", self.url)), project);
-        let file = answer(files.multipart(form)).await;
-        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let file = input::upload(self.auth(client.post(format!("{}/v1/files", self.url)), project), input).await;
+        let create =
+            serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
         let batch = answer(self.auth(client.post(format!("{}/v1/batches", self.url)), project).json(&create)).await;
         batch["id"].as_str().unwrap_or_else(|| panic!("{batch}")).to_owned()
     }

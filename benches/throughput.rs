@@ -14,6 +14,10 @@
 //! Reported: lines/s of both and their ratio, serve's CPU time per 1,000 lines and peak
 //! RSS, and the upstream's CPU use, to show it was not the bottleneck.
 
+#[allow(dead_code)]
+#[path = "common/input.rs"]
+mod input;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -177,19 +181,15 @@ fn main() {
         let input: String = (0..LINES)
             .map(|n| format!("{{\"custom_id\":\"r{n}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}}\n", body(n)))
             .collect();
-        let form = reqwest::multipart::Form::new()
-            .text("purpose", "batch")
-            .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("bench.jsonl"));
         let auth = |request: reqwest::RequestBuilder| request.header("x-project-id", PROJECT).header("x-api-key", KEY);
-        let file: serde_json::Value =
-            auth(client.post(format!("{url}/v1/files"))).multipart(form).send().await.unwrap().json().await.unwrap();
+        let file = input::upload(auth(client.post(format!("{url}/v1/files"))), input).await;
         let mut runs = Vec::new();
         let (serve_cpu_before, _) = usage(serve.0.id());
         let (upstream_cpu_before, _) = usage(upstream.0.id());
         for _ in 0..RUNS {
             let started = Instant::now();
             let batch: serde_json::Value = auth(client.post(format!("{url}/v1/batches")))
-                .json(&serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions"}))
+                .json(&serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions"}))
                 .send()
                 .await
                 .unwrap()

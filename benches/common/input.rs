@@ -1,5 +1,5 @@
 //! A batch input file as the night-shift benches send it: lines that ask a model to
-//! summarise a document, and the multipart form that uploads them.
+//! summarise a document, and their upload to the Files API.
 
 /// `lines` chat-completion lines for `model`, line `n` asking for `max_tokens(n)` tokens.
 pub fn summaries(lines: usize, model: &str, max_tokens: impl Fn(usize) -> u32) -> String {
@@ -14,9 +14,12 @@ pub fn summaries(lines: usize, model: &str, max_tokens: impl Fn(usize) -> u32) -
         .collect()
 }
 
-/// The Files API's upload form for `input`, with `purpose: batch`.
-pub fn upload_form(input: String) -> reqwest::multipart::Form {
-    reqwest::multipart::Form::new()
+/// Uploads `input` as a batch input file by `files` (a POST to the Files API's
+/// `/v1/files`, authenticated as its project); returns the file's id.
+pub async fn upload(files: reqwest::RequestBuilder, input: String) -> String {
+    let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
-        .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"))
+        .part("file", reqwest::multipart::Part::bytes(input.into_bytes()).file_name("batch.jsonl"));
+    let file: serde_json::Value = files.multipart(form).send().await.unwrap().json().await.unwrap();
+    file["id"].as_str().unwrap_or_else(|| panic!("no file uploaded: {file}")).to_owned()
 }

@@ -53,17 +53,10 @@ impl Serve {
 
     async fn submit(&self, lines: usize) {
         let client = reqwest::Client::new();
-        let form = input::upload_form(input::summaries(lines, "m", |_| BATCH_TOKENS));
-        let file: serde_json::Value = self
-            .auth(client.post(format!("{}/v1/files", self.url)))
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let input = input::summaries(lines, "m", |_| BATCH_TOKENS);
+        let file = input::upload(self.auth(client.post(format!("{}/v1/files", self.url))), input).await;
+        let create =
+            serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
         let batch = self.auth(client.post(format!("{}/v1/batches", self.url))).json(&create).send().await.unwrap();
         assert!(batch.status().is_success(), "{}", batch.text().await.unwrap());
     }
