@@ -8,8 +8,9 @@
 //!   2. a batch through `nightshift serve` with `adaptive: false` at the same concurrency
 //!      and every other setting at its default, timed from create to completed.
 //!
-//! Each point sends enough lines for a steady state: `BENCH_ROUNDS` (10) times the
-//! concurrency, at least 1,000 below a second of latency (20,000 at no latency). Reported per point: both rates, their
+//! Each point sends enough lines for a steady state: `BENCH_ROUNDS` (10) round trips at
+//! the concurrency or 5 s of them, whichever is more, at least 1,000 lines below a second
+//! of latency, at most a batch's 50,000 (50,000 at no latency). Reported per point: both rates, their
 //! ratio, and the median of the requests in flight at the upstream while the middle 80% of
 //! the lines finished, against the limit.
 //!
@@ -237,6 +238,28 @@ async fn median_in_flight(client: &reqwest::Client, upstream: &str) -> u64 {
     stats["median_in_flight"].as_u64().unwrap()
 }
 
+/// The most lines a batch may hold (the spec's limit).
+const MAX_LINES: usize = 50_000;
+/// Round trips a point lasts at the least, in seconds of latency, so that a batch's
+/// fixed cost (create, its first round trip, finalize: some 40 ms) is a few percent of
+/// it: at the old 10 rounds a 50-ms point lasted 0.5 s, and the batch's fixed cost
+/// alone kept it under 0.95 of the plain client.
+const STEADY_SECS: u64 = 5;
+
+/// Lines for a point: `rounds` round trips at the concurrency, at least [`STEADY_SECS`]
+/// of round trips, 1,000 lines below a second of latency, and no more than a batch holds
+/// (with no latency, a batch's worth).
+fn lines_for(latency_ms: u64, concurrency: u32, rounds: usize) -> usize {
+    let concurrency = concurrency as usize;
+    let steady = match latency_ms {
+        0 => MAX_LINES,
+        ms => concurrency * rounds.max((STEADY_SECS * 1000).div_ceil(ms) as usize),
+    };
+    // At 2 s a round trip, 1,000 lines at 16 would take two minutes.
+    let least = if latency_ms < 1000 { 1_000 } else { 0 };
+    steady.max(least).min(MAX_LINES)
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("upstream") {
         return upstream_main();
@@ -269,12 +292,7 @@ fn main() {
                     if !model.contains(&only) {
                         continue;
                     }
-                    let lines = match latency {
-                        0 => 20_000,
-                        // At 2 s a round trip, 1,000 lines at 16 would take two minutes.
-                        1000.. => concurrency as usize * rounds,
-                        _ => (concurrency as usize * rounds).max(1_000),
-                    };
+                    let lines = lines_for(latency, concurrency, rounds);
                     plain(&client, &upstream, &model, concurrency as usize, concurrency).await; // warm connections
                     median_in_flight(&client, &upstream).await;
                     let plain_time = plain(&client, &upstream, &model, lines, concurrency).await;
