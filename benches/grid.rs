@@ -239,7 +239,7 @@ async fn median_in_flight(client: &reqwest::Client, upstream: &str) -> u64 {
 }
 
 /// The most lines a batch may hold (the spec's limit).
-const MAX_LINES: usize = 50_000;
+const MAX_LINES: usize = nightshift::validate::MAX_LINES as usize;
 /// Round trips a point lasts at the least, in seconds of latency, so that a batch's
 /// fixed cost (create, its first round trip, finalize: some 40 ms) is a few percent of
 /// it: 10 round trips at 50 ms are 0.5 s, of which that cost is nearly a tenth.
